@@ -1,0 +1,45 @@
+"""Atomic writes: a reader sees the old file or the whole new one, never a torn one."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+__all__ = ["atomic_path", "write_json", "file_digest"]
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temp path beside `path`; rename it onto `path` on success, delete it on error."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        yield tmp
+        if tmp.exists():
+            with open(tmp, "rb+") as f:  # data on disk before the rename makes it visible
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    """Write `obj` as indented JSON, atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    return Path(path)
+
+
+def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
+    """sha256 of a file's bytes, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
