@@ -1,0 +1,171 @@
+"""The loops learn, resume to identical weights, and save/load faithfully."""
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from transfer.config import ClassifierParams, FinetuneLMParams, PretrainParams
+from transfer.data import ClassificationLoader, Docs, LMLoader
+from transfer.errors import TransferError
+from transfer.model import LanguageModel, TextClassifier, classifier_config, lm_config
+from transfer.train import (
+    Phase, _lm_step, finetune_lm, load_checkpoint, lr_find, pretrain_lm, train_classifier, unfreezing_phases,
+)
+
+V = 40
+LM_HP = PretrainParams(epochs=2, bs=16, bptt=20, lr=3e-2, drop_mult=0.2, checkpoint_every=10**6)
+CLAS_HP = ClassifierParams(bs=16, bptt=8, lr=2e-2, unfreeze_epochs=[1, 1, 1, 3], checkpoint_every=10**6)
+
+
+def markov_stream(n: int, seed: int = 0) -> np.ndarray:
+    """Token t is followed by (3t+1) mod V nine times in ten: learnable, far from unigram."""
+    rng = np.random.default_rng(seed)
+    s = np.empty(n, dtype=np.int64)
+    s[0] = 4
+    for i in range(1, n):
+        s[i] = (s[i - 1] * 3 + 1) % V if rng.random() < 0.9 else rng.integers(4, V)
+    return s
+
+
+def unigram_ppl(train: np.ndarray, valid: np.ndarray) -> float:
+    p = np.bincount(train, minlength=V) + 1.0
+    p /= p.sum()
+    return float(np.exp(-np.log(p[valid]).mean()))
+
+
+def small_lm(seed=0) -> LanguageModel:
+    torch.manual_seed(seed)
+    return LanguageModel(lm_config(V, drop_mult=LM_HP.drop_mult, emb_size=16, hidden_size=32))
+
+
+def test_language_model_beats_the_unigram_model_by_far():
+    train, valid = markov_stream(20_000), markov_stream(2_000, seed=1)
+    history = pretrain_lm(small_lm(), LMLoader(train, 8, 20), LMLoader(valid, 8, 20, variable=False), LM_HP,
+                          progress=False)
+    assert history[-1]["valid_ppl"] < 0.25 * unigram_ppl(train, valid)
+    assert history[-1]["valid_ppl"] < history[0]["valid_ppl"]
+
+
+def test_finetune_lm_first_trains_only_embedding_and_decoder():
+    model = small_lm()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    hp = FinetuneLMParams(bs=8, bptt=10, checkpoint_every=10**6, freeze_epochs=1, epochs=1)
+    loader = LMLoader(markov_stream(2_000), 8, 10)
+    finetune_lm(model, loader, None, hp, progress=False, stop_after_steps=len(loader.seq_lens(0)))
+    after = model.state_dict()
+    assert not torch.equal(after["encoder.embed.weight"], before["encoder.embed.weight"])
+    assert not torch.equal(after["decoder.bias"], before["decoder.bias"])
+    assert torch.equal(after["encoder.rnns.0.weight_hh_l0_raw"], before["encoder.rnns.0.weight_hh_l0_raw"])
+    assert torch.equal(after["encoder.rnns.2.module.weight_ih_l0"], before["encoder.rnns.2.module.weight_ih_l0"])
+
+
+def topic_docs(n: int, seed: int) -> tuple[Docs, np.ndarray]:
+    """3 classes; each document mixes noise tokens with a few tokens of its class's own range."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 3, n)
+    docs = []
+    for y in labels:
+        length = int(rng.integers(8, 30))
+        doc = rng.integers(16, V, length)
+        hits = rng.choice(length, size=3, replace=False)
+        doc[hits] = rng.integers(4 + 4 * y, 8 + 4 * y, 3)
+        docs.append(doc.tolist())
+    return Docs.from_lists(docs), labels
+
+
+def small_classifier(seed=0, drop_mult=0.5) -> TextClassifier:
+    torch.manual_seed(seed)
+    return TextClassifier(classifier_config(V, drop_mult, emb_size=16, hidden_size=32), 3, bptt=CLAS_HP.bptt)
+
+
+def test_pretrained_classifier_beats_chance_by_a_wide_margin():
+    (dtr, ytr), (dva, yva) = topic_docs(400, 0), topic_docs(150, 1)
+    lm = small_lm()
+    pretrain_lm(lm, LMLoader(dtr.ids, 8, 20), None, LM_HP, progress=False)  # ULMFiT: LM on the texts first
+    model = small_classifier(drop_mult=0.0)  # a 16-wide model has no capacity to spare for dropout
+    model.encoder.load_state_dict(lm.encoder.state_dict())
+    history = train_classifier(model, ClassificationLoader(dtr, ytr, 16, train=True),
+                               ClassificationLoader(dva, yva, 64, train=False), CLAS_HP, progress=False)
+    assert history[-1]["valid_accuracy"] > 0.8  # chance is 1/3
+    assert [r["phase"] for r in history] == [0, 1, 2, 3, 3, 3]
+
+
+def test_gradual_unfreezing_phases_and_minimum_steps():
+    assert unfreezing_phases(5, [1, 1, 1, 2], steps_per_epoch=10) == [
+        Phase(-1, 1), Phase(-2, 1), Phase(-3, 1), Phase(0, 2)]
+    # 3 steps an epoch (about 100 labels at bs 32): every phase stretched to >= 20 steps
+    assert [p.epochs for p in unfreezing_phases(5, [1, 1, 1, 2], 3, min_steps_per_phase=20)] == [7, 7, 7, 7]
+
+
+def _lm_run(tmp_path, stop_after=None, name="ck.pt"):
+    train, valid = markov_stream(4_000), markov_stream(600, 1)
+    model = small_lm()
+    hp = replace(LM_HP, epochs=2, checkpoint_every=7)
+    history = pretrain_lm(model, LMLoader(train, 8, 12, seed=5), LMLoader(valid, 8, 12, variable=False), hp,
+                          ckpt_path=tmp_path / name, fingerprint="f", progress=False, stop_after_steps=stop_after)
+    return model, history
+
+
+def test_interrupt_then_resume_gives_the_same_weights_as_no_interruption(tmp_path):
+    straight, h1 = _lm_run(tmp_path, name="a.pt")
+    _lm_run(tmp_path, stop_after=25, name="b.pt")  # crash between the checkpoints at steps 21 and 28
+    assert load_checkpoint(tmp_path / "b.pt")["position"]["global_step"] == 21
+    resumed, h2 = _lm_run(tmp_path, name="b.pt")
+    for (k, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), k
+    assert [r["valid_ppl"] for r in h1] == pytest.approx([r["valid_ppl"] for r in h2], rel=1e-6)
+
+
+def test_classifier_resume_mid_phase_matches(tmp_path):
+    (dtr, ytr) = topic_docs(96, 0)
+    hp = replace(CLAS_HP, unfreeze_epochs=[1, 2], checkpoint_every=4)
+
+    def run(name, stop=None):
+        model = small_classifier()
+        train_classifier(model, ClassificationLoader(dtr, ytr, 16, train=True), None, hp,
+                         ckpt_path=tmp_path / name, fingerprint="x", progress=False, stop_after_steps=stop)
+        return model
+
+    straight = run("a.pt")
+    run("b.pt", stop=10)
+    resumed = run("b.pt")
+    for (k, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.allclose(a.float(), b.float(), atol=1e-6), k
+
+
+def test_a_checkpoint_from_other_params_is_not_resumed(tmp_path):
+    _lm_run(tmp_path, stop_after=8, name="c.pt")
+    model = small_lm()
+    with pytest.warns(UserWarning, match="different params"):
+        pretrain_lm(model, LMLoader(markov_stream(4_000), 8, 12), None, replace(LM_HP, epochs=1),
+                    ckpt_path=tmp_path / "c.pt", fingerprint="other", progress=False)
+    assert load_checkpoint(tmp_path / "c.pt")["fingerprint"] == "other"
+
+
+def test_checkpoints_load_with_weights_only_and_refuse_garbage(tmp_path):
+    _lm_run(tmp_path, stop_after=8, name="d.pt")
+    ck = torch.load(tmp_path / "d.pt", weights_only=True)
+    assert {"model", "optimizer", "rng_torch", "position", "history"} <= set(ck)
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(TransferError, match="bad.pt"):
+        load_checkpoint(tmp_path / "bad.pt")
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name], "no temp files left"
+
+
+def test_lr_find_sweeps_exponentially_and_restores_weights():
+    model = small_lm()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    loader = LMLoader(markov_stream(40_000), 8, 10)
+    batches = (b for e in range(100) for b in loader.batches(e))
+    lrs, losses, suggestion = lr_find(model, batches, _lm_step(0, 0), num_it=100)
+    assert lrs[0] == pytest.approx(1e-7) and all(b / a == pytest.approx(lrs[1] / lrs[0]) for a, b in zip(lrs, lrs[1:]))
+    if len(lrs) < 100:  # stopped early: only because the smoothed loss blew up
+        assert losses[-1] > 4 * min(losses) or not math.isfinite(losses[-1])
+    else:
+        assert lrs[-1] == pytest.approx(10.0)
+    assert min(losses) < losses[0] and 1e-6 < suggestion < 10
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k

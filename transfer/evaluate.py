@@ -1,0 +1,105 @@
+"""Classification metrics, the saved-classifier bundle, and raw-text prediction with fwd+bwd ensembling."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from transfer.data import ClassificationLoader, Docs
+from transfer.errors import TransferError
+from transfer.io_utils import atomic_path, write_json
+from transfer.model import AWDLSTMConfig, TextClassifier
+from transfer.tokenizer import PAD_ID, Tokenizer
+from transfer.train import classifier_logits, load_checkpoint, pick_device
+
+__all__ = ["classification_metrics", "softmax", "save_classifier", "Predictor"]
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, classes: list[str]) -> dict:
+    """Accuracy, error rate, macro-F1, confusion matrix (rows = true class) and per-class P/R/F1."""
+    k = len(classes)
+    cm = np.zeros((k, k), dtype=np.int64)
+    np.add.at(cm, (np.asarray(y_true), np.asarray(y_pred)), 1)
+    tp = np.diag(cm).astype(float)
+    precision = np.divide(tp, cm.sum(0), out=np.zeros(k), where=cm.sum(0) > 0)
+    recall = np.divide(tp, cm.sum(1), out=np.zeros(k), where=cm.sum(1) > 0)
+    f1 = np.divide(2 * precision * recall, precision + recall, out=np.zeros(k), where=(precision + recall) > 0)
+    accuracy = float(tp.sum() / max(cm.sum(), 1))
+    return dict(
+        accuracy=accuracy, error_rate=1 - accuracy, macro_f1=float(f1.mean()), n=int(cm.sum()),
+        confusion_matrix=cm.tolist(), classes=list(classes),
+        per_class={c: dict(precision=float(precision[i]), recall=float(recall[i]), f1=float(f1[i]),
+                           support=int(cm[i].sum())) for i, c in enumerate(classes)},
+    )
+
+
+def save_classifier(out_dir: Path, tokenizer_path: Path, classes: list[str], cfg: AWDLSTMConfig,
+                    states: dict[str, dict[str, torch.Tensor]], bptt: int, max_len: int) -> Path:
+    """Write a self-contained bundle: spm.model, meta.json and one state_dict per direction (fwd.pt, bwd.pt)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out_dir / "spm.model") as tmp:
+        shutil.copyfile(tokenizer_path, tmp)
+    for direction, state in states.items():
+        with atomic_path(out_dir / f"{direction}.pt") as tmp:
+            torch.save({k: v.detach().cpu() for k, v in state.items()}, tmp)
+    # meta.json last: a bundle without it is incomplete and refuses to load
+    write_json(out_dir / "meta.json", dict(classes=list(classes), config=cfg.to_dict(), bptt=bptt,
+                                           max_len=max_len, directions=sorted(states)))
+    return out_dir
+
+
+class Predictor:
+    """Raw text in, class probabilities out; averages forward and backward models when both are present."""
+
+    def __init__(self, tokenizer: Tokenizer, models: dict[str, TextClassifier], classes: list[str],
+                 batch_size: int = 64):
+        self.tokenizer, self.models, self.classes, self.batch_size = tokenizer, models, classes, batch_size
+
+    @classmethod
+    def from_dir(cls, path: Path, directions: list[str] | None = None, batch_size: int = 64) -> "Predictor":
+        path = Path(path)
+        meta_path = path / "meta.json"
+        if not meta_path.is_file():
+            raise TransferError(f"{path}: not a classifier bundle (meta.json missing)")
+        meta = json.loads(meta_path.read_text())
+        cfg = AWDLSTMConfig(**meta["config"])
+        tokenizer = Tokenizer.load(path / "spm.model")
+        if tokenizer.vocab_size != cfg.vocab_size:
+            raise TransferError(f"{path}: spm.model has {tokenizer.vocab_size} pieces but the weights expect "
+                                f"{cfg.vocab_size}")
+        device = pick_device()
+        models = {}
+        for d in directions or meta["directions"]:
+            model = TextClassifier(cfg, len(meta["classes"]), bptt=meta["bptt"], max_len=meta["max_len"])
+            state = load_checkpoint(path / f"{d}.pt")
+            try:
+                model.load_state_dict(state)
+            except RuntimeError as e:
+                raise TransferError(f"{path / f'{d}.pt'}: weights do not fit the architecture in meta.json "
+                                    f"({str(e).splitlines()[0]})") from None
+            models[d] = model.to(device).eval()
+        return cls(tokenizer, models, meta["classes"], batch_size)
+
+    def predict_proba(self, texts: list[str]) -> np.ndarray:
+        """(n, n_classes) probabilities; rows sum to 1."""
+        if len(texts) == 0:
+            return np.zeros((0, len(self.classes)), dtype=np.float32)
+        docs = Docs.from_lists(self.tokenizer.encode(list(texts)))
+        probs = [softmax(classifier_logits(m, ClassificationLoader(docs, None, self.batch_size, train=False,
+                                                                   pad_id=PAD_ID, backwards=d == "bwd")))
+                 for d, m in self.models.items()]
+        return np.mean(probs, axis=0)
+
+    def predict(self, texts: list[str]) -> list[str]:
+        return [self.classes[i] for i in self.predict_proba(texts).argmax(1)]

@@ -1,0 +1,417 @@
+"""Training loops: LM pretraining, LM fine-tuning and gradual-unfreezing classifier training.
+
+One loop (`fit`) runs a list of phases; each phase freezes some layer groups and runs its own LR schedule
+with discriminative LRs. Checkpoints hold everything needed to resume to the bit-identical result on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from transfer.data import ClassificationLoader, LMLoader
+from transfer.errors import TransferError
+from transfer.io_utils import atomic_path
+from transfer.model import LanguageModel, TextClassifier, freeze_to, layer_groups
+from transfer.schedules import discriminative_lrs, lr_at
+
+__all__ = [
+    "Phase", "pick_device", "autocast", "fit", "pretrain_lm", "finetune_lm", "train_classifier",
+    "lm_perplexity", "classifier_logits", "lr_find", "save_checkpoint", "load_checkpoint",
+]
+
+
+class TrainHP(Protocol):
+    """The training hyperparameters the loops read (transfer.config.TrainParams satisfies it)."""
+
+    epochs: int
+    lr: float
+    lr_decay: float  # each lower layer group gets lr / lr_decay of the group above
+    wd: float
+    clip: float | None
+    betas: list[float]
+    alpha: float  # AR: activation regularisation on the dropped last-layer output (LM only)
+    beta: float  # TAR: temporal activation regularisation on the raw last-layer output (LM only)
+    schedule: str
+    cut_frac: float
+    ratio: float
+    checkpoint_every: int  # optimizer steps between checkpoints; 0 = only at epoch ends
+    early_stop_patience: int | None
+    seed: int
+    precision: str
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Train the layer groups from `freeze_to` on (0 = all) for `epochs` epochs."""
+
+    freeze_to: int
+    epochs: int
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA ('auto') or when asked ('bf16'); fp32 otherwise. Loss and optimizer stay fp32."""
+    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
+
+
+# --- checkpoints ------------------------------------------------------------------------------------
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Atomic torch.save: a crash mid-write leaves the previous checkpoint intact."""
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load tensors and plain containers only (weights_only=True), mapped to CPU."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise TransferError(f"{path}: checkpoint not found") from None
+    except Exception as e:  # torch raises several types for truncated or foreign files
+        raise TransferError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+
+
+def _hidden_state(model: nn.Module) -> list[list[torch.Tensor]] | None:
+    hidden = getattr(model.encoder, "hidden", None)
+    return None if hidden is None else [[h.cpu(), c.cpu()] for h, c in hidden]
+
+
+# --- the loop ---------------------------------------------------------------------------------------
+
+Batches = Callable[[int, int], Iterator[tuple]]  # (epoch, start_step) -> batches
+StepLoss = Callable[[nn.Module, tuple], tuple[torch.Tensor, int, float]]  # -> (loss, n_items, lr_scale)
+
+
+def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch: Callable[[int], int],
+        step_loss: StepLoss, validate: Callable[[nn.Module], dict[str, float]] | None, hp: TrainHP, *,
+        monitor: tuple[str, str] = ("valid_loss", "min"), ckpt_path: Path | None = None,
+        fingerprint: str = "", progress: bool = True, desc: str = "train", unit: str = "tok",
+        stop_after_steps: int | None = None) -> list[dict[str, float]]:
+    """Run the phases; return the per-epoch history. Resumes from `ckpt_path` if its fingerprint matches.
+
+    `stop_after_steps` ends the run early after that many steps (it simulates a crash in tests).
+    """
+    device = pick_device()
+    torch.manual_seed(hp.seed)
+    model.to(device)
+    groups = layer_groups(model)
+    opt = torch.optim.AdamW([{"params": g} for g in groups], lr=hp.lr, betas=tuple(hp.betas), eps=1e-5,
+                            weight_decay=hp.wd)
+    history: list[dict[str, float]] = []
+    pos = dict(phase=0, epoch_in_phase=0, step_in_epoch=0, global_epoch=0, global_step=0)
+    best = dict(value=None, state=None, bad_epochs=0)
+
+    if ckpt_path is not None and Path(ckpt_path).exists():
+        ck = _try_resume(ckpt_path, fingerprint)
+        if ck is not None:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optimizer"])
+            history, pos, best = ck["history"], ck["position"], ck["best"]
+            torch.set_rng_state(ck["rng_torch"])
+            if ck.get("hidden") is not None:
+                model.encoder.hidden = [(h.to(device), c.to(device)) for h, c in ck["hidden"]]
+            if ck.get("finished"):
+                return history
+
+    def checkpoint(finished: bool = False) -> None:
+        if ckpt_path is None:
+            return
+        save_checkpoint(ckpt_path, dict(
+            fingerprint=fingerprint, model=model.state_dict(), optimizer=opt.state_dict(), history=history,
+            position=dict(pos), best=best, rng_torch=torch.get_rng_state(), hidden=_hidden_state(model),
+            finished=finished))
+
+    mode_sign = 1 if monitor[1] == "min" else -1
+    stopped = False
+    while pos["phase"] < len(phases) and not stopped:
+        phase = phases[pos["phase"]]
+        freeze_to(model, phase.freeze_to)
+        lrs = discriminative_lrs(hp.lr, len(groups), hp.lr_decay)
+        first_epoch = pos["global_epoch"] - pos["epoch_in_phase"]
+        phase_steps = sum(steps_in_epoch(first_epoch + e) for e in range(phase.epochs))
+        steps_before = sum(steps_in_epoch(first_epoch + e) for e in range(pos["epoch_in_phase"]))
+        while pos["epoch_in_phase"] < phase.epochs:
+            epoch = pos["global_epoch"]
+            model.train()
+            if pos["step_in_epoch"] == 0 and hasattr(model, "reset"):
+                model.reset()  # LM state does not flow across epochs
+            n_steps = steps_in_epoch(epoch)
+            bar = tqdm(total=n_steps, initial=pos["step_in_epoch"], disable=not progress, leave=False,
+                       desc=f"{desc} phase {pos['phase'] + 1}/{len(phases)} epoch {epoch + 1}")
+            t0, items, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
+            for batch in batches(epoch, pos["step_in_epoch"]):
+                step = steps_before + pos["step_in_epoch"]
+                with autocast(device, hp.precision):
+                    loss, n_items, lr_scale = step_loss(model, batch)
+                for g, lr in zip(opt.param_groups, lrs):
+                    g["lr"] = lr_at(hp.schedule, step, phase_steps, lr, hp.cut_frac, hp.ratio) * lr_scale
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if hp.clip:
+                    nn.utils.clip_grad_norm_([p for g in groups for p in g if p.requires_grad], hp.clip)
+                opt.step()
+                items += n_items
+                loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
+                pos["step_in_epoch"] += 1
+                pos["global_step"] += 1
+                rate = items / max(time.perf_counter() - t0, 1e-9)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_sum / loss_n:.3f}", **{f"{unit}/s": f"{rate:,.0f}"})
+                if hp.checkpoint_every and pos["global_step"] % hp.checkpoint_every == 0:
+                    checkpoint()
+                if stop_after_steps is not None and pos["global_step"] >= stop_after_steps:
+                    bar.close()
+                    return history
+            bar.close()
+            row = dict(phase=pos["phase"], epoch=epoch, step=pos["global_step"],
+                       train_loss=loss_sum / max(loss_n, 1), lr=opt.param_groups[-1]["lr"],
+                       items_per_s=items / max(time.perf_counter() - t0, 1e-9), time_s=time.perf_counter() - t0)
+            if validate is not None:
+                row.update(validate(model))
+                model.train()
+            history.append(row)
+            if progress:
+                tqdm.write(f"{desc} epoch {epoch + 1}: " + ", ".join(
+                    f"{k}={v:.4g}" for k, v in row.items() if k not in ("phase", "epoch", "step")))
+            steps_before += n_steps
+            pos.update(epoch_in_phase=pos["epoch_in_phase"] + 1, step_in_epoch=0, global_epoch=epoch + 1)
+            value = row.get(monitor[0])
+            if value is not None:
+                if best["value"] is None or mode_sign * value < mode_sign * best["value"]:
+                    keep = hp.early_stop_patience is not None  # best weights only matter if we may stop early
+                    best.update(value=value, state=copy.deepcopy(model.state_dict()) if keep else None,
+                                bad_epochs=0)
+                else:
+                    best["bad_epochs"] += 1
+                    if hp.early_stop_patience is not None and best["bad_epochs"] > hp.early_stop_patience:
+                        stopped = True
+                        break
+            checkpoint()
+        if not stopped:
+            pos.update(phase=pos["phase"] + 1, epoch_in_phase=0)
+    if stopped and best["state"] is not None:
+        model.load_state_dict(best["state"])
+    freeze_to(model, 0)
+    checkpoint(finished=True)
+    return history
+
+
+def _try_resume(path: Path, fingerprint: str) -> dict | None:
+    try:
+        ck = load_checkpoint(path)
+    except TransferError as e:
+        warnings.warn(f"ignoring unreadable checkpoint, starting fresh: {e}")
+        return None
+    if ck.get("fingerprint") != fingerprint:
+        warnings.warn(f"{path}: checkpoint is from different params or data, starting fresh")
+        return None
+    return ck
+
+
+# --- language models --------------------------------------------------------------------------------
+
+def _lm_step(alpha: float, beta: float) -> StepLoss:
+    def step(model: LanguageModel, batch: tuple) -> tuple[torch.Tensor, int, float]:
+        x, y, lr_scale = batch
+        device = next(model.parameters()).device
+        x, y = x.to(device), y.to(device)
+        logits, raw, dropped = model(x)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
+        if alpha:
+            loss = loss + alpha * dropped.float().pow(2).mean()
+        if beta and raw.size(1) > 1:
+            loss = loss + beta * (raw[:, 1:] - raw[:, :-1]).float().pow(2).mean()
+        return loss, y.numel(), lr_scale
+    return step
+
+
+@torch.no_grad()
+def lm_perplexity(model: LanguageModel, loader: LMLoader, precision: str = "auto") -> dict[str, float]:
+    """Validation loss and perplexity over a whole stream (fixed bptt, eval mode, fresh state)."""
+    model.eval()
+    model.reset()
+    device = next(model.parameters()).device
+    total, n = 0.0, 0
+    for x, y, _ in loader.batches(0):
+        with autocast(device, precision):
+            logits, _, _ = model(x.to(device))
+        total += F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.to(device).reshape(-1),
+                                 reduction="sum").item()
+        n += y.numel()
+    model.reset()
+    loss = total / max(n, 1)
+    return dict(valid_loss=loss, valid_ppl=math.exp(min(loss, 50)))
+
+
+def _fit_lm(model: LanguageModel, phases: list[Phase], train: LMLoader, valid: LMLoader | None, hp: TrainHP,
+            **kw) -> list[dict[str, float]]:
+    validate = (lambda m: lm_perplexity(m, valid, hp.precision)) if valid is not None else None
+    return fit(model, phases, train.batches, lambda e: len(train.seq_lens(e)), _lm_step(hp.alpha, hp.beta),
+               validate, hp, unit="tok", **kw)
+
+
+def pretrain_lm(model: LanguageModel, train: LMLoader, valid: LMLoader | None, hp: TrainHP,
+                **kw) -> list[dict[str, float]]:
+    """Train every layer for `hp.epochs` epochs; history rows hold valid_ppl when `valid` is given."""
+    return _fit_lm(model, [Phase(0, hp.epochs)], train, valid, hp, desc="pretrain", **kw)
+
+
+def finetune_lm(model: LanguageModel, train: LMLoader, valid: LMLoader | None, hp: TrainHP,
+                **kw) -> list[dict[str, float]]:
+    """`hp.freeze_epochs` with only embedding + decoder trainable, then `hp.epochs` with everything."""
+    phases = [Phase(-1, hp.freeze_epochs)] if getattr(hp, "freeze_epochs", 0) else []
+    return _fit_lm(model, phases + [Phase(0, hp.epochs)], train, valid, hp, desc="finetune_lm", **kw)
+
+
+# --- classifier -------------------------------------------------------------------------------------
+
+def _clas_step(model: TextClassifier, batch: tuple) -> tuple[torch.Tensor, int, float]:
+    x, lengths, y, _ = batch
+    device = next(model.parameters()).device
+    logits = model(x.to(device), lengths.to(device))
+    return F.cross_entropy(logits.float(), y.to(device)), len(y), 1.0
+
+
+@torch.no_grad()
+def classifier_logits(model: TextClassifier, loader: ClassificationLoader, precision: str = "auto") -> np.ndarray:
+    """Logits (n_docs, n_classes) in the loader's document order."""
+    model.eval()
+    device = next(model.parameters()).device
+    out = np.zeros((len(loader.docs), model.n_classes), dtype=np.float32)
+    for x, lengths, _, idx in loader.batches():
+        with autocast(device, precision):
+            out[idx] = model(x.to(device), lengths.to(device)).float().cpu().numpy()
+    return out
+
+
+def _clas_validate(loader: ClassificationLoader, precision: str) -> Callable[[nn.Module], dict[str, float]]:
+    def validate(model: TextClassifier) -> dict[str, float]:
+        logits = classifier_logits(model, loader, precision)
+        y = torch.from_numpy(loader.labels.astype(np.int64))
+        loss = F.cross_entropy(torch.from_numpy(logits), y).item()
+        return dict(valid_loss=loss, valid_accuracy=float((logits.argmax(1) == loader.labels).mean()))
+    return validate
+
+
+def unfreezing_phases(n_groups: int, unfreeze_epochs: list[int], steps_per_epoch: int,
+                      min_steps_per_phase: int = 0) -> list[Phase]:
+    """Gradual unfreezing: phase k trains the last k+1 groups; the final phase trains all of them.
+
+    A phase shorter than `min_steps_per_phase` optimizer steps gets more epochs (few-label data).
+    """
+    phases = []
+    for k, epochs in enumerate(unfreeze_epochs):
+        last = k == len(unfreeze_epochs) - 1
+        n = 0 if last or k + 1 >= n_groups else -(k + 1)
+        if min_steps_per_phase:
+            epochs = max(epochs, math.ceil(min_steps_per_phase / max(steps_per_epoch, 1)))
+        phases.append(Phase(n, epochs))
+    return phases
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(model: TextClassifier, loader: ClassificationLoader, precision: str = "auto") -> None:
+    """Recompute the head's BatchNorm statistics over `loader` with the encoder in eval mode.
+
+    During training BN sees features from a dropped-out, still-moving encoder and keeps an exponential
+    average that lags it; at inference the encoder is deterministic. With small pretrained activations
+    that mismatch alone can cost tens of accuracy points, and one no-grad pass removes it.
+    """
+    bns = [m for m in model.head if isinstance(m, nn.BatchNorm1d)]
+    model.eval()
+    device = next(model.parameters()).device
+    momenta = [bn.momentum for bn in bns]
+    for bn in bns:
+        bn.reset_running_stats()
+        bn.momentum = None  # cumulative average over the pass
+    for x, lengths, _, _ in loader.batches(0):
+        with autocast(device, precision):
+            h = model.encode(x.to(device), lengths.to(device)).float()
+        for layer in model.head:  # BN layers update their stats in train mode; dropout stays off
+            if isinstance(layer, nn.BatchNorm1d):
+                layer.train()
+                h = layer(h)
+                layer.eval()
+            else:
+                h = layer(h)
+    for bn, m in zip(bns, momenta):
+        bn.momentum = m
+
+
+def train_classifier(model: TextClassifier, train: ClassificationLoader, valid: ClassificationLoader | None,
+                     hp: TrainHP, **kw) -> list[dict[str, float]]:
+    """Gradual unfreezing (`hp.unfreeze_epochs` per phase) with STLR and discriminative LRs in each.
+
+    After every epoch the head's BatchNorm statistics are recomputed in eval mode (see recalibrate_batchnorm).
+    """
+    phases = unfreezing_phases(len(layer_groups(model)), list(hp.unfreeze_epochs), len(train),
+                               getattr(hp, "min_steps_per_phase", 0))
+    stats_loader = ClassificationLoader(train.docs, train.labels, train.bs, train=False, pad_id=train.pad_id,
+                                        backwards=train.backwards)
+    validate_on = _clas_validate(valid, hp.precision) if valid is not None else None
+
+    def validate(m: TextClassifier) -> dict[str, float]:
+        recalibrate_batchnorm(m, stats_loader, hp.precision)
+        return validate_on(m) if validate_on is not None else {}
+
+    return fit(model, phases, train.batches, lambda e: len(train), _clas_step, validate, hp,
+               monitor=("valid_loss", "min"), desc="classifier", unit="doc", **kw)
+
+
+# --- LR finder --------------------------------------------------------------------------------------
+
+def lr_find(model: nn.Module, batches: Iterator[tuple], step_loss: StepLoss, start_lr: float = 1e-7,
+            end_lr: float = 10.0, num_it: int = 100, betas: tuple[float, float] = (0.7, 0.99),
+            ) -> tuple[list[float], list[float], float]:
+    """Exponential LR sweep; stops when the smoothed loss passes 4x the best. Model weights are restored.
+
+    Returns (lrs, smoothed losses, suggested LR = the LR of steepest descent of the smoothed loss).
+    """
+    saved = copy.deepcopy(model.state_dict())
+    device = pick_device()
+    model.to(device).train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=start_lr, betas=betas)
+    lrs, losses, avg, best = [], [], 0.0, math.inf
+    mult = (end_lr / start_lr) ** (1 / max(num_it - 1, 1))
+    for i, batch in enumerate(batches):
+        if i >= num_it:
+            break
+        lr = start_lr * mult ** i
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss, _, _ = step_loss(model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        avg = 0.98 * avg + 0.02 * loss.item()
+        smoothed = avg / (1 - 0.98 ** (i + 1))
+        lrs.append(lr)
+        losses.append(smoothed)
+        best = min(best, smoothed)
+        if not math.isfinite(smoothed) or smoothed > 4 * best:
+            break
+    model.load_state_dict(saved)
+    if hasattr(model, "reset"):
+        model.reset()
+    if len(losses) < 3:
+        return lrs, losses, lrs[0] if lrs else start_lr
+    grads = np.gradient(np.array(losses), np.log(np.array(lrs)))
+    return lrs, losses, float(lrs[int(np.argmin(grads))])
