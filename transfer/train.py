@@ -104,11 +104,13 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
         step_loss: StepLoss, validate: Callable[[nn.Module], dict[str, float]] | None, hp: TrainHP, *,
         monitor: tuple[str, str] = ("valid_loss", "min"), ckpt_path: Path | None = None,
         fingerprint: str = "", progress: bool = True, desc: str = "train", unit: str = "tok",
-        stop_after_steps: int | None = None) -> list[dict[str, float]]:
+        stop_after_steps: int | None = None, step_log: list[dict] | None = None) -> list[dict[str, float]]:
     """Run the phases; return the per-epoch history. Resumes from `ckpt_path` if its fingerprint matches.
 
+    `step_log`, if given, receives {step, lr, loss} for every optimizer step (for the LR-schedule plot).
     `stop_after_steps` ends the run early after that many steps (it simulates a crash in tests).
     """
+    steps = step_log if step_log is not None else []
     device = pick_device()
     torch.manual_seed(hp.seed)
     model.to(device)
@@ -125,6 +127,7 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
             model.load_state_dict(ck["model"])
             opt.load_state_dict(ck["optimizer"])
             history, pos, best = ck["history"], ck["position"], ck["best"]
+            steps[:] = ck.get("steps", [])
             torch.set_rng_state(ck["rng_torch"])
             if ck.get("hidden") is not None:
                 model.encoder.hidden = [(h.to(device), c.to(device)) for h, c in ck["hidden"]]
@@ -136,7 +139,7 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
             return
         save_checkpoint(ckpt_path, dict(
             fingerprint=fingerprint, model=model.state_dict(), optimizer=opt.state_dict(), history=history,
-            position=dict(pos), best=best, rng_torch=torch.get_rng_state(), hidden=_hidden_state(model),
+            position=dict(pos), best=best, steps=steps, rng_torch=torch.get_rng_state(), hidden=_hidden_state(model),
             finished=finished))
 
     mode_sign = 1 if monitor[1] == "min" else -1
@@ -154,7 +157,7 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
             if pos["step_in_epoch"] == 0 and hasattr(model, "reset"):
                 model.reset()  # LM state does not flow across epochs
             n_steps = steps_in_epoch(epoch)
-            bar = tqdm(total=n_steps, initial=pos["step_in_epoch"], disable=not progress, leave=False,
+            bar = tqdm(total=n_steps, initial=pos["step_in_epoch"], disable=None if progress else True, leave=False,
                        desc=f"{desc} phase {pos['phase'] + 1}/{len(phases)} epoch {epoch + 1}")
             t0, items, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
             for batch in batches(epoch, pos["step_in_epoch"]):
@@ -168,8 +171,10 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
                 if hp.clip:
                     nn.utils.clip_grad_norm_([p for g in groups for p in g if p.requires_grad], hp.clip)
                 opt.step()
+                loss_value = loss.item()
+                steps.append(dict(step=pos["global_step"], lr=opt.param_groups[-1]["lr"], loss=loss_value))
                 items += n_items
-                loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
+                loss_sum, loss_n = loss_sum + loss_value, loss_n + 1
                 pos["step_in_epoch"] += 1
                 pos["global_step"] += 1
                 rate = items / max(time.perf_counter() - t0, 1e-9)

@@ -1,0 +1,425 @@
+"""The pipeline's stages, each implemented once: `transfer stage NAME` (DVC) and the Prefect tasks call these.
+
+Every stage reads its inputs from, and writes its outputs to, fixed paths under a workspace root:
+`artifacts/<stage>/...`, `metrics/<stage>.json` and `plots/...`. Outputs are written atomically, and a
+stage's metrics file is written last, so its presence means the stage finished.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import pandas as pd
+import torch
+
+from transfer.config import Params
+from transfer.data import ClassificationLoader, Docs, LMLoader, load_token_stream, write_token_stream
+from transfer.errors import TransferError
+from transfer.evaluate import Predictor, classification_metrics, save_classifier, softmax
+from transfer.io_utils import atomic_path, file_digest, write_json
+from transfer.model import LanguageModel, TextClassifier, classifier_config, lm_config
+from transfer.plots import plot_confusion, plot_history, plot_lr_schedule
+from transfer.readers import iter_text_documents, read_table
+from transfer.tokenizer import PAD_ID, Tokenizer, train_tokenizer
+from transfer.train import classifier_logits, finetune_lm, load_checkpoint, pretrain_lm, train_classifier
+
+__all__ = ["STAGES", "Paths", "run_stage", "prepare", "tokenize", "pretrain", "finetune", "classify",
+           "evaluate", "stage_inputs", "stage_params"]
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where every stage's inputs and outputs live, relative to the workspace root."""
+
+    root: Path = Path(".")
+
+    def art(self, stage: str, name: str = "") -> Path:
+        return self.root / "artifacts" / stage / name
+
+    def metrics(self, stage: str) -> Path:
+        return self.root / "metrics" / f"{stage}.json"
+
+    def plot(self, name: str) -> Path:
+        return self.root / "plots" / name
+
+
+def _texts_file(path: Path, texts: Iterator[str] | list[str]) -> Path:
+    """One document per line (newlines inside a document become spaces), atomically."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for t in texts:
+            f.write(" ".join(t.split()) + "\n")
+    return path
+
+
+def _write_csv(path: Path, rows: list[dict]) -> Path:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["empty"])
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def _fingerprint(*parts: object) -> str:
+    """Identity of a training run's inputs: a checkpoint from other inputs is never resumed."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _seed(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+
+
+# --- prepare ----------------------------------------------------------------------------------------
+
+def _split(df: pd.DataFrame, frac: float, seed: int, what: str, source: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Stratified, seeded split -> (rest, held out)."""
+    from sklearn.model_selection import train_test_split
+
+    counts = df["label"].value_counts()
+    if len(counts) < 2:
+        raise TransferError(f"{source}: only one class ({counts.index[0]!r}); a classifier needs at least two")
+    small = counts[counts < 2]
+    if len(small):
+        raise TransferError(f"{source}: class {small.index[0]!r} has {int(small.iloc[0])} row; holding out a "
+                            f"stratified {what} split needs at least 2 rows per class")
+    n_out = max(len(counts), round(len(df) * frac))
+    if len(df) - n_out < len(counts):
+        raise TransferError(f"{source}: {len(df)} rows are too few to hold out a {what} split of {frac:.0%} "
+                            f"with every one of {len(counts)} classes on both sides")
+    rest, out = train_test_split(df, test_size=n_out, stratify=df["label"], random_state=seed)
+    return rest.reset_index(drop=True), out.reset_index(drop=True)
+
+
+def _subsample(df: pd.DataFrame, n: int, seed: int, source: str) -> pd.DataFrame:
+    """Stratified, seeded choice of `n` labelled rows (every class keeps at least one)."""
+    from sklearn.model_selection import train_test_split
+
+    if n > len(df):
+        raise TransferError(f"data.max_train_labels is {n} but {source} has only {len(df)} training rows")
+    k = df["label"].nunique()
+    if n < k:
+        raise TransferError(f"data.max_train_labels is {n}, fewer than the {k} classes in {source}")
+    if n == len(df):
+        return df
+    keep, _ = train_test_split(df, train_size=n, stratify=df["label"], random_state=seed)
+    return keep.reset_index(drop=True)
+
+
+def prepare(p: Params, paths: Paths = Paths()) -> dict:
+    """Read the labelled tables, split and subsample them, and gather the domain texts for LM tuning."""
+    d = p.data
+    read = lambda f: read_table(f, list(d.text_cols), d.label_col, d.encoding, d.header)  # noqa: E731
+    train = read(d.train)
+    test = read(d.test) if d.test else None
+    if test is None:
+        train, test = _split(train, d.test_frac, d.seed, "test", d.train)
+    valid = read(d.valid) if d.valid else None
+    if valid is None:
+        train, valid = _split(train, d.valid_frac, d.seed, "validation", d.train)
+    classes = sorted(train["label"].unique())
+    for name, df, src in (("validation", valid, d.valid or d.train), ("test", test, d.test or d.train)):
+        unknown = sorted(set(df["label"]) - set(classes))
+        if unknown:
+            raise TransferError(f"{src}: label {unknown[0]!r} occurs in the {name} rows but never in training")
+    labelled = train if d.max_train_labels is None else _subsample(train, d.max_train_labels, d.seed, d.train)
+    # every training text, labelled or not, is in-domain LM text (the paper's semi-supervised setting)
+    domain = [*train["text"], *valid["text"]]
+    if d.domain_include_test:
+        domain += list(test["text"])
+    extra = iter_text_documents(list(d.domain), d.encoding) if d.domain else iter(())
+
+    out = paths.art("prepare")
+    for name, df in (("train", labelled), ("valid", valid), ("test", test)):
+        with atomic_path(out / f"{name}.csv") as tmp:
+            df[["text", "label"]].to_csv(tmp, index=False)
+    _texts_file(out / "domain.txt", (t for src in (domain, extra) for t in src))
+    metrics = dict(classes=classes, n_train=len(labelled), n_train_unlabelled=len(train) - len(labelled),
+                   n_valid=len(valid), n_test=len(test), domain_include_test=d.domain_include_test,
+                   test_digest=file_digest(out / "test.csv"))
+    write_json(paths.metrics("prepare"), metrics)
+    return metrics
+
+
+# --- tokenize ---------------------------------------------------------------------------------------
+
+def _encode_stream(tok: Tokenizer, docs: Iterator[str], path: Path, batch: int = 10_000) -> Path:
+    def batches() -> Iterator[list[int]]:
+        buf: list[str] = []
+        for doc in docs:
+            buf.append(doc)
+            if len(buf) == batch:
+                yield from tok.encode(buf)
+                buf = []
+        if buf:
+            yield from tok.encode(buf)
+
+    return write_token_stream(batches(), path, tok.vocab_size)
+
+
+def tokenize(p: Params, paths: Paths = Paths()) -> dict:
+    """Train SentencePiece on the general corpus and encode it into a memory-mapped token stream."""
+    d, t = p.data, p.tokenizer
+    general = lambda: iter_text_documents(list(d.general), d.encoding, d.general_doc_per)  # noqa: E731
+    t0 = time.perf_counter()
+    tok = train_tokenizer(general(), paths.art("tokenize", "spm.model"), t.vocab_size, t.model_type,
+                          t.character_coverage, t.seed, t.max_sentences)
+    t1 = time.perf_counter()
+    stream = load_token_stream(_encode_stream(tok, general(), paths.art("tokenize", "general.npy")))
+    metrics = dict(vocab_size=tok.vocab_size, general_tokens=int(len(stream)), train_s=t1 - t0,
+                   encode_s=time.perf_counter() - t1)
+    write_json(paths.metrics("tokenize"), metrics)
+    return metrics
+
+
+# --- language models --------------------------------------------------------------------------------
+
+def _lm(p: Params, vocab_size: int, drop_mult: float) -> LanguageModel:
+    return LanguageModel(lm_config(vocab_size, drop_mult, emb_size=p.model.emb_size,
+                                   hidden_size=p.model.hidden_size, n_layers=p.model.n_layers))
+
+
+def _save_state(path: Path, state: dict) -> Path:
+    with atomic_path(path) as tmp:
+        torch.save({k: v.detach().cpu() for k, v in state.items()}, tmp)
+    return path
+
+
+def _lm_stage(stage: str, p: Params, paths: Paths, hp, stream: np.ndarray, valid_frac: float,
+              init: Callable[[str], dict | None], run: Callable, data_id: object) -> dict:
+    vocab = Tokenizer.load(paths.art("tokenize", "spm.model"))
+    cut = int(len(stream) * (1 - valid_frac))
+    metrics, rows = {}, []
+    for direction in p.model.directions:
+        _seed(hp.seed)
+        model = _lm(p, vocab.vocab_size, hp.drop_mult)
+        state = init(direction)
+        if state is not None:
+            model.load_state_dict(state)
+        backwards = direction == "bwd"
+        train = LMLoader(stream[:cut], hp.bs, hp.bptt, backwards=backwards, seed=hp.seed, max_tokens=hp.max_tokens)
+        valid = LMLoader(stream[cut:], hp.bs, hp.bptt, backwards=backwards, variable=False)
+        t0 = time.perf_counter()
+        history = run(model, train, valid, hp, ckpt_path=paths.art(stage, f"checkpoint-{direction}.pt"),
+                      fingerprint=_fingerprint(stage, asdict(hp), asdict(p.model), data_id, direction))
+        _save_state(paths.art(stage, f"lm-{direction}.pt"), model.state_dict())
+        rows += [dict(direction=direction, **r) for r in history]
+        metrics[direction] = dict(valid_ppl=history[-1]["valid_ppl"], valid_loss=history[-1]["valid_loss"],
+                                  tokens_per_s=float(np.mean([r["items_per_s"] for r in history])),
+                                  train_s=time.perf_counter() - t0, train_tokens=train.tokens_per_epoch())
+    _write_csv(paths.plot(f"{stage}_history.csv"), rows)
+    plot_history(rows, paths.plot(f"{stage}_loss.png"), f"{stage}: loss per epoch")
+    write_json(paths.metrics(stage), metrics)
+    return metrics
+
+
+def pretrain(p: Params, paths: Paths = Paths()) -> dict:
+    """General-domain LM, one per direction; reports validation perplexity on a held-out tail."""
+    path = paths.art("tokenize", "general.npy")
+    return _lm_stage("pretrain", p, paths, p.pretrain, load_token_stream(path), p.pretrain.valid_frac,
+                     lambda d: None, pretrain_lm, file_digest(path))
+
+
+def finetune(p: Params, paths: Paths = Paths()) -> dict:
+    """Target-domain LM: start from the general LM, tune on the domain texts (frozen first, then all)."""
+    tok = Tokenizer.load(paths.art("tokenize", "spm.model"))
+    domain_txt = paths.art("prepare", "domain.txt")
+    stream_path = _encode_stream(tok, iter_text_documents([domain_txt]), paths.art("finetune_lm", "domain.npy"))
+    init = lambda d: load_checkpoint(paths.art("pretrain", f"lm-{d}.pt"))  # noqa: E731
+    data_id = [file_digest(domain_txt)] + [file_digest(paths.art("pretrain", f"lm-{d}.pt")) for d in p.model.directions]
+    return _lm_stage("finetune_lm", p, paths, p.finetune_lm, load_token_stream(stream_path), 0.1, init,
+                     finetune_lm, data_id)
+
+
+# --- classifier -------------------------------------------------------------------------------------
+
+def _labelled(paths: Paths, split: str, tok: Tokenizer, classes: list[str]) -> tuple[Docs, np.ndarray, pd.DataFrame]:
+    df = pd.read_csv(paths.art("prepare", f"{split}.csv"), dtype=str, keep_default_na=False)
+    index = {c: i for i, c in enumerate(classes)}
+    return Docs.from_lists(tok.encode(list(df["text"]))), df["label"].map(index).to_numpy(), df
+
+
+def fit_classifier(p: Params, paths: Paths, direction: str, encoder_from: Path | None, ckpt_name: str,
+                   step_log: list | None = None) -> tuple[TextClassifier, list[dict]]:
+    """One classifier: encoder weights from an LM state_dict (None: random init), then gradual unfreezing."""
+    hp = p.classifier
+    tok = Tokenizer.load(paths.art("tokenize", "spm.model"))
+    classes = json.loads(paths.metrics("prepare").read_text())["classes"]
+    (dtr, ytr, _), (dva, yva, _) = (_labelled(paths, s, tok, classes) for s in ("train", "valid"))
+    _seed(hp.seed)
+    cfg = classifier_config(tok.vocab_size, hp.drop_mult, emb_size=p.model.emb_size,
+                            hidden_size=p.model.hidden_size, n_layers=p.model.n_layers)
+    model = TextClassifier(cfg, len(classes), bptt=hp.bptt, max_len=hp.max_len)
+    data_id = file_digest(paths.art("prepare", "train.csv"))
+    if encoder_from is not None:
+        lm_state = load_checkpoint(encoder_from)
+        enc = {k[len("encoder."):]: v for k, v in lm_state.items() if k.startswith("encoder.")}
+        try:
+            model.encoder.load_state_dict(enc)
+        except RuntimeError as e:
+            raise TransferError(f"{encoder_from}: encoder does not fit model params ({str(e).splitlines()[0]})") from None
+        data_id += file_digest(encoder_from)
+    backwards = direction == "bwd"
+    bs = min(hp.bs, len(dtr))
+    train = ClassificationLoader(dtr, ytr, bs, train=True, pad_id=PAD_ID, backwards=backwards, seed=hp.seed)
+    valid = ClassificationLoader(dva, yva, p.evaluate.batch_size, train=False, pad_id=PAD_ID, backwards=backwards)
+    history = train_classifier(model, train, valid, hp, ckpt_path=paths.art("train_classifier", ckpt_name),
+                               fingerprint=_fingerprint("clas", asdict(hp), asdict(p.model), data_id, direction),
+                               step_log=step_log)
+    return model, history
+
+
+def classify(p: Params, paths: Paths = Paths()) -> dict:
+    """ULMFiT classifiers (one per direction) from the domain-tuned LMs, saved as one servable bundle."""
+    classes = json.loads(paths.metrics("prepare").read_text())["classes"]
+    states, metrics, rows, steps = {}, {}, [], []
+    for direction in p.model.directions:
+        t0 = time.perf_counter()
+        log: list[dict] = []
+        model, history = fit_classifier(p, paths, direction, paths.art("finetune_lm", f"lm-{direction}.pt"),
+                                        f"checkpoint-{direction}.pt", log)
+        states[direction] = model.state_dict()
+        rows += [dict(direction=direction, **r) for r in history]
+        steps = steps or log
+        metrics[direction] = dict(valid_accuracy=history[-1]["valid_accuracy"],
+                                  valid_loss=history[-1]["valid_loss"], train_s=time.perf_counter() - t0)
+    cfg = model.cfg
+    save_classifier(paths.art("train_classifier", "model"), paths.art("tokenize", "spm.model"), classes, cfg,
+                    states, p.classifier.bptt, p.classifier.max_len)
+    _write_csv(paths.plot("classifier_history.csv"), rows)
+    _write_csv(paths.plot("lr_schedule.csv"), [dict(step=s["step"], lr=s["lr"]) for s in steps])
+    plot_history(rows, paths.plot("classifier_loss.png"), "classifier: loss per epoch")
+    plot_lr_schedule(steps, paths.plot("lr_schedule.png"), "classifier LR: gradual unfreezing + STLR")
+    write_json(paths.metrics("train_classifier"), metrics)
+    return metrics
+
+
+# --- evaluate ---------------------------------------------------------------------------------------
+
+def tfidf_proba(train: pd.DataFrame, test_texts: list[str], classes: list[str], seed: int = 0) -> np.ndarray:
+    """TF-IDF (word 1-2-grams + char 2-5-grams, sublinear tf, case kept) + logistic regression."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline, make_union
+
+    features = make_union(
+        TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, lowercase=False, token_pattern=r"(?u)\b\w+\b|[^\w\s]"),
+        TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True, lowercase=False, min_df=2),
+    )
+    clf = make_pipeline(features, LogisticRegression(C=10.0, max_iter=2000, random_state=seed))
+    clf.fit(list(train["text"]), list(train["label"]))
+    proba = clf.predict_proba(test_texts)
+    order = [list(clf.classes_).index(c) for c in classes]
+    return proba[:, order]
+
+
+def evaluate(p: Params, paths: Paths = Paths()) -> dict:
+    """Every requested variant on the same test split; the best ULMFiT variant is the champion candidate."""
+    prep = json.loads(paths.metrics("prepare").read_text())
+    classes = prep["classes"]
+    test = pd.read_csv(paths.art("prepare", "test.csv"), dtype=str, keep_default_na=False)
+    y = test["label"].map({c: i for i, c in enumerate(classes)}).to_numpy()
+    texts = list(test["text"])
+    bundle = paths.art("train_classifier", "model")
+    probs: dict[str, np.ndarray] = {}
+    timings: dict[str, float] = {}
+    for variant in p.evaluate.variants:
+        t0 = time.perf_counter()
+        if variant == "tfidf":
+            train = pd.read_csv(paths.art("prepare", "train.csv"), dtype=str, keep_default_na=False)
+            probs[variant] = tfidf_proba(train, texts, classes, p.data.seed)
+        elif variant.startswith("ulmfit_"):
+            directions = ["fwd", "bwd"] if variant == "ulmfit_ensemble" else [variant.split("_")[1]]
+            probs[variant] = Predictor.from_dir(bundle, directions, p.evaluate.batch_size).predict_proba(texts)
+        else:  # ablations: the same classifier recipe from a random or an untuned-LM encoder
+            source = None if variant == "scratch" else paths.art("pretrain", "lm-fwd.pt")
+            model, _ = fit_classifier(p, paths, "fwd", source, f"checkpoint-{variant}.pt")
+            tok = Tokenizer.load(paths.art("tokenize", "spm.model"))
+            loader = ClassificationLoader(Docs.from_lists(tok.encode(texts)), None, p.evaluate.batch_size,
+                                          train=False, pad_id=PAD_ID)
+            probs[variant] = softmax(classifier_logits(model, loader))
+        timings[variant] = time.perf_counter() - t0
+    results = {}
+    for variant, pr in probs.items():
+        m = classification_metrics(y, pr.argmax(1), classes)
+        results[variant] = dict(accuracy=m["accuracy"], error_rate=m["error_rate"], macro_f1=m["macro_f1"],
+                                seconds=timings[variant], full=m)
+    ulmfit = [v for v in results if v.startswith("ulmfit_")]
+    champion = max(ulmfit, key=lambda v: results[v]["accuracy"]) if ulmfit else None
+    if champion:
+        best = results[champion]["full"]
+        _write_csv(paths.plot("confusion.csv"), [dict(actual=classes[a], predicted=classes[b])
+                                                  for a, b in zip(y, probs[champion].argmax(1))])
+        plot_confusion(best["confusion_matrix"], classes, paths.plot("confusion.png"), f"{champion} on test")
+    metrics = dict(variants={v: {k: r[k] for k in ("accuracy", "error_rate", "macro_f1")} for v, r in results.items()},
+                   details={v: r["full"] for v, r in results.items()}, champion_candidate=champion,
+                   test_digest=prep["test_digest"], n_test=len(y))
+    write_json(paths.metrics("evaluate"), metrics)
+    return metrics
+
+
+STAGES: dict[str, Callable[[Params, Paths], dict]] = {
+    "prepare": prepare, "tokenize": tokenize, "pretrain": pretrain, "finetune_lm": finetune,
+    "train_classifier": classify, "evaluate": evaluate,
+}
+
+
+def stage_params(p: Params, stage: str) -> dict:
+    """The params a stage's output depends on (its cache key, and dvc.yaml's `params:`)."""
+    s = p.section
+    data_keys = {"prepare": None, "tokenize": ["general", "general_doc_per", "encoding"]}
+    sections = {
+        "prepare": {"data": s("data")},
+        "tokenize": {"data": {k: s("data")[k] for k in data_keys["tokenize"]}, "tokenizer": s("tokenizer")},
+        "pretrain": {"model": s("model"), "pretrain": s("pretrain")},
+        "finetune_lm": {"model": s("model"), "finetune_lm": s("finetune_lm")},
+        "train_classifier": {"model": s("model"), "classifier": s("classifier"),
+                             "evaluate": {"batch_size": s("evaluate")["batch_size"]}},
+        "evaluate": {"model": s("model"), "classifier": s("classifier"), "evaluate": s("evaluate"),
+                     "data": {"seed": s("data")["seed"]}},
+    }
+    return sections[stage]
+
+
+def stage_inputs(p: Params, stage: str, paths: Paths = Paths()) -> list[Path]:
+    """Files whose content a stage's output depends on (besides params and code)."""
+    a = paths.art
+    d = p.data
+    dirs = list(p.model.directions)
+    inputs = {
+        "prepare": [Path(f) for f in [d.train, d.valid, d.test, *d.domain] if f],
+        "tokenize": [Path(g) for g in d.general],
+        "pretrain": [a("tokenize", "general.npy"), a("tokenize", "spm.model")],
+        "finetune_lm": [a("prepare", "domain.txt"), a("tokenize", "spm.model")] + [a("pretrain", f"lm-{x}.pt") for x in dirs],
+        "train_classifier": [a("prepare", "train.csv"), a("prepare", "valid.csv"), a("tokenize", "spm.model")]
+        + [a("finetune_lm", f"lm-{x}.pt") for x in dirs],
+        "evaluate": [a("prepare", "train.csv"), a("prepare", "valid.csv"), a("prepare", "test.csv"),
+                     a("train_classifier", "model"), a("pretrain", "lm-fwd.pt") if "fwd" in dirs else None],
+    }
+    return [x for x in inputs[stage] if x is not None]
+
+
+def stage_outputs(p: Params, stage: str, paths: Paths = Paths()) -> list[Path]:
+    """Files a finished stage leaves behind (checked before a cached result is trusted)."""
+    a, dirs = paths.art, list(p.model.directions)
+    outputs = {
+        "prepare": [a("prepare", f) for f in ("train.csv", "valid.csv", "test.csv", "domain.txt")],
+        "tokenize": [a("tokenize", "spm.model"), a("tokenize", "general.npy")],
+        "pretrain": [a("pretrain", f"lm-{x}.pt") for x in dirs],
+        "finetune_lm": [a("finetune_lm", f"lm-{x}.pt") for x in dirs],
+        "train_classifier": [a("train_classifier", "model")],
+        "evaluate": [],
+    }
+    return outputs[stage] + [paths.metrics(stage)]
+
+
+def run_stage(name: str, p: Params, paths: Paths = Paths()) -> dict:
+    if name not in STAGES:
+        raise TransferError(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
+    return STAGES[name](p, paths)
