@@ -1,0 +1,208 @@
+"""`transfer`: run the pipeline, one stage, predictions, promotion, serving and scheduling."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from transfer.errors import TransferError
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+data_app = typer.Typer(help="Get data: the synthetic demo set, or public datasets with sha256 checks.",
+                       no_args_is_help=True)
+app.add_typer(data_app, name="data")
+console = Console(stderr=True)
+DEBUG = {"on": False}
+
+ParamsOpt = typer.Option("params.yaml", "--params", "-p", help="Params file (the single source of truth).")
+SetOpt = typer.Option(None, "--set", "-S", help="Override a param, as `dvc exp run -S`: section.key=value. Repeatable.")
+LOCK = ".transfer.lock"
+
+
+@app.callback()
+def _main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors.")) -> None:
+    DEBUG["on"] = debug
+
+
+@app.command()
+def run(params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
+        promote: bool = typer.Option(True, help="Register the classifier and apply the champion gate."),
+        lock_timeout: float = typer.Option(0, help="Seconds to wait for another run in this workspace (0: refuse).")) -> None:
+    """Run the whole pipeline as a Prefect flow (cached stages are skipped), then print a summary."""
+    from filelock import FileLock, Timeout
+
+    from flows.ulmfit import run_pipeline
+
+    try:
+        with FileLock(LOCK, timeout=lock_timeout):
+            summary = run_pipeline(str(params), set_ or [], ".", promote)
+    except Timeout:
+        raise TransferError(f"another `transfer run` holds {LOCK} in {Path.cwd()}; wait for it, or pass "
+                            "--lock-timeout SECONDS to queue behind it") from None
+    _print_summary(summary)
+
+
+def _print_summary(summary: dict) -> None:
+    out = Console()
+    t = Table(title=f"run {summary['run_name']}")
+    for col in ("stage", "state", "seconds"):
+        t.add_column(col)
+    for stage, s in summary["stages"].items():
+        t.add_row(stage, s["state"], f"{s['seconds']:.1f}")
+    out.print(t)
+    v = Table(title="test set, by variant")
+    for col in ("variant", "accuracy", "error %", "macro-F1"):
+        v.add_column(col)
+    for name, m in summary["variants"].items():
+        star = " *" if name == summary.get("champion_candidate") else ""
+        v.add_row(name + star, f"{m['accuracy']:.4f}", f"{100 * m['error_rate']:.2f}", f"{m['macro_f1']:.4f}")
+    out.print(v)
+    if "promotion" in summary:
+        pr = summary["promotion"]
+        out.print(f"registered version {summary['registered_version']}: "
+                  f"{'[green]champion[/green]' if pr['promoted'] else '[yellow]challenger[/yellow]'} — {pr['reason']}")
+    out.print("Look closer:  mlflow ui --backend-store-uri sqlite:///mlflow.db   |   "
+              "prefect server start (Prefect UI)   |   dvc metrics show   |   plots/*.png")
+
+
+@app.command()
+def stage(name: str = typer.Argument(..., help="prepare | tokenize | pretrain | finetune_lm | train_classifier | evaluate"),
+          params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt) -> None:
+    """Run one stage (what `dvc repro` calls). Reads and writes artifacts/, metrics/ and plots/."""
+    from transfer.config import load_params
+    from transfer.stages import run_stage
+
+    p = load_params(params, set_ or [])
+    if name == "prepare":
+        from flows.ulmfit import ensure_demo_data
+
+        ensure_demo_data(p, Path("."))
+    metrics = run_stage(name, p)
+    typer.echo(json.dumps({k: v for k, v in metrics.items() if k != "details"}, indent=2, default=str))
+
+
+@app.command()
+def predict(texts: list[str] = typer.Argument(..., help="One or more texts to classify."),
+            model: str = typer.Option(None, "--model", "-m", help="MLflow model URI (default: models:/<registry.model_name>@champion) or a bundle folder."),
+            params: Path = ParamsOpt) -> None:
+    """Print the predicted label and its probability for each text."""
+    if model and Path(model).is_dir() and (Path(model) / "meta.json").exists():
+        from transfer.evaluate import Predictor
+
+        pred = Predictor.from_dir(Path(model))
+        proba = pred.predict_proba(texts)
+        rows = [(pred.classes[i], float(pr[i])) for pr, i in zip(proba, proba.argmax(1))]
+    else:
+        import mlflow
+
+        from tasks.tracking import tracking_uri
+        from transfer.config import load_params
+
+        uri = model or f"models:/{load_params(params).registry.model_name}@champion"
+        mlflow.set_tracking_uri(tracking_uri())
+        try:
+            loaded = mlflow.pyfunc.load_model(uri)
+        except Exception as e:
+            raise TransferError(f"model {uri!r} could not be loaded: {str(e).splitlines()[0]}") from None
+        import pandas as pd
+
+        out = loaded.predict(pd.DataFrame({"text": texts}))
+        rows = list(zip(out["label"], out["probability"]))
+    for text, (label, prob) in zip(texts, rows):
+        typer.echo(f"{label}\t{prob:.3f}\t{text[:80]}")
+
+
+@app.command()
+def promote(version: str = typer.Argument(..., help="Registered model version to judge."),
+            params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt) -> None:
+    """Apply the champion gate to a registered version by hand, using its recorded test metrics."""
+    from mlflow import MlflowClient
+
+    from tasks.registry import promote as gate
+    from tasks.tracking import tracking_uri
+    from transfer.config import load_params
+
+    p = load_params(params, set_ or []).registry
+    client = MlflowClient(tracking_uri=tracking_uri())
+    try:
+        mv = client.get_model_version(p.model_name, version)
+    except Exception:
+        raise TransferError(f"model {p.model_name!r} has no version {version!r} in {tracking_uri()}") from None
+    metrics = {k.removeprefix("metrics."): float(v) for k, v in mv.tags.items() if k.startswith("metrics.")}
+    if not metrics and mv.run_id:
+        metrics = client.get_run(mv.run_id).data.metrics
+    d = gate(p.model_name, version, metrics, p.metric, p.min_delta, p.min_accuracy, client=client)
+    typer.echo(f"version {version}: {'promoted to champion' if d.promoted else 'not promoted'} — {d.reason}")
+
+
+@app.command()
+def serve(model: str = typer.Option(None, "--model", "-m", help="Model URI; default: the champion."),
+          host: str = typer.Option("127.0.0.1", help="Bind address; loopback unless you say otherwise."),
+          port: int = typer.Option(5001), params: Path = ParamsOpt) -> None:
+    """Serve the model over HTTP (`mlflow models serve`): POST raw text to /invocations."""
+    from tasks.tracking import tracking_uri
+    from transfer.config import load_params
+
+    uri = model or f"models:/{load_params(params).registry.model_name}@champion"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri()}
+    cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local",
+           "-h", host, "-p", str(port)]
+    console.print(f"serving {uri} on http://{host}:{port}/invocations")
+    raise typer.Exit(subprocess.call(cmd, env=env))
+
+
+@app.command()
+def schedule(cron: str = typer.Option(None, help="Cron expression; default: schedule.cron from params."),
+             params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt) -> None:
+    """Serve the flow as a deployment on that cron schedule (needs a Prefect server: PREFECT_API_URL)."""
+    from flows.deploy import serve_scheduled
+
+    if not os.environ.get("PREFECT_API_URL"):
+        raise TransferError("schedules need a running Prefect server: start `prefect server start` and set "
+                            "PREFECT_API_URL=http://127.0.0.1:4200/api")
+    serve_scheduled(str(params), set_ or [], cron)
+
+
+@data_app.command("demo")
+def data_demo(out: Path = typer.Option(Path("data/demo"), help="Folder for general.txt, train.csv, test.csv."),
+              seed: int = typer.Option(0)) -> None:
+    """Write the deterministic synthetic demo corpus and labelled set (no third-party text)."""
+    from transfer.demo import make_demo
+
+    for name, path in make_demo(out, seed=seed).items():
+        typer.echo(f"{name}: {path}")
+
+
+@data_app.command("download")
+def data_download(name: str = typer.Argument(..., help="wikitext-103 | imdb"),
+                  dest: Path = typer.Option(Path("data"), help="Destination folder."),
+                  url: str = typer.Option(None, help="Mirror URL (the sha256 is still checked).")) -> None:
+    """Download a public dataset, verify its sha256 and convert it for params.yaml."""
+    from transfer.download import download
+
+    for k, v in download(name, dest, url_override=url).items():
+        typer.echo(f"{k}: {v}")
+
+
+def main() -> None:
+    """Entry point: project errors print as one paragraph (no traceback unless --debug)."""
+    try:
+        app()
+    except TransferError as e:
+        if DEBUG["on"]:
+            traceback.print_exc()
+        console.print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

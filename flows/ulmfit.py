@@ -1,0 +1,100 @@
+"""The ULMFiT flow: prepare -> tokenize -> pretrain -> finetune_lm -> train_classifier -> evaluate -> promote."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+
+from tasks.cache import cache_dir
+from tasks.pipeline import RETRIES, log_stage, promote_task, register_classifier, stage_task
+from tasks.tracking import ensure_experiment, start_pipeline_run
+from transfer.config import Params, load_params
+from transfer.demo import make_demo
+from transfer.stages import STAGES, Paths, stage_inputs, stage_params
+
+DEMO_DIR = Path("data/demo")
+
+
+def run_name(p: Params) -> str:
+    """Says what the run trains: data, model size, label budget."""
+    labels = "all" if p.data.max_train_labels is None else str(p.data.max_train_labels)
+    return (f"{Path(p.data.train).stem}-awd{p.model.emb_size}x{p.model.hidden_size}-v{p.tokenizer.vocab_size}"
+            f"-{'+'.join(p.model.directions)}-labels{labels}")
+
+
+def ensure_demo_data(p: Params, root: Path) -> None:
+    """Generate the synthetic demo set when params point at it and it is not there yet."""
+    wanted = [p.data.train, p.data.test, *p.data.general]
+    if any(str(w).startswith(str(DEMO_DIR)) and not (root / w).exists() for w in wanted if w):
+        make_demo(root / DEMO_DIR)
+
+
+def _flow_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters
+    try:
+        p = load_params(Path(params.get("root", ".")) / params.get("params_path", "params.yaml"),
+                        params.get("overrides") or [])
+        return run_name(p)
+    except Exception:  # the flow itself reports bad params; the name must not fail first
+        return "ulmfit-invalid-params"
+
+
+@flow(name="ulmfit", flow_run_name=_flow_run_name, log_prints=True)
+def ulmfit_flow(params_path: str = "params.yaml", overrides: list[str] | None = None, root: str = ".",
+                promote: bool = True) -> dict:
+    """Run every stage (cached on content), log to MLflow, register the classifier and apply the promotion gate."""
+    logger = get_run_logger()
+    root_path = Path(root).resolve()
+    p = load_params(root_path / params_path, overrides or [])
+    ensure_demo_data(p, root_path)
+    paths = Paths(root_path)
+    summary: dict = {"run_name": run_name(p), "stages": {}}
+    experiment_id = ensure_experiment(p.mlflow.experiment, root_path / p.mlflow.artifact_location)
+    with start_pipeline_run(run_name(p), p.to_dict(), experiment_id=experiment_id) as parent:
+        summary["mlflow_run_id"] = parent.info.run_id
+        results = {}
+        for stage in STAGES:
+            t0 = time.perf_counter()
+            task = stage_task.with_options(name=stage, task_run_name=stage, retries=RETRIES[stage],
+                                           retry_delay_seconds=5)
+            state = task(stage, stage_params(p, stage), _content_inputs(p, stage, paths), p, root_path,
+                         return_state=True)
+            result = state.result()
+            cached = state.name == "Cached"
+            log_stage(stage, p, result, cached, root_path)
+            results[stage] = result["metrics"]
+            summary["stages"][stage] = dict(state=state.name, seconds=time.perf_counter() - t0)
+            logger.info(f"{stage}: {state.name} in {time.perf_counter() - t0:.1f}s")
+        evaluation = results["evaluate"]
+        summary["variants"] = evaluation["variants"]
+        summary["champion_candidate"] = evaluation["champion_candidate"]
+        if promote and evaluation["champion_candidate"]:
+            version, _ = register_classifier(p, evaluation, root_path)
+            decision = promote_task(p, version, evaluation)
+            summary["registered_version"] = version
+            summary["promotion"] = dict(promoted=decision.promoted, reason=decision.reason,
+                                        champion_version=decision.champion_version)
+            logger.info(f"model {p.registry.model_name} v{version}: "
+                        f"{'promoted to champion' if decision.promoted else 'stays challenger'} ({decision.reason})")
+    return summary
+
+
+def _content_inputs(p: Params, stage: str, paths: Paths) -> list[Path]:
+    """Input files as Paths, so the cache key hashes their bytes (a folder is hashed as a tree)."""
+    return [Path(x).resolve() if Path(x).is_absolute() else (paths.root / x).resolve()
+            for x in stage_inputs(p, stage, paths)]
+
+
+def run_pipeline(params_path: str = "params.yaml", overrides: list[str] | None = None, root: str | Path = ".",
+                 promote: bool = True) -> dict:
+    """Run the flow with task results (the cache) persisted under `<root>/.prefect-results`."""
+    with cache_dir(Path(root) / ".prefect-results"):
+        return ulmfit_flow(params_path=params_path, overrides=list(overrides or []), root=str(root), promote=promote)
+
+
+if __name__ == "__main__":
+    print(run_pipeline())

@@ -1,0 +1,126 @@
+"""Each pipeline stage as a Prefect task: content-keyed cache, retries where failures are transient, MLflow runs."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from prefect import task
+
+import transfer
+
+from tasks.cache import content_cache_policy, record_outputs
+from tasks.registry import Decision, promote
+from tasks.tracking import log_figure_png, log_metrics_history, stage_run
+from transfer.config import Params, flatten
+from transfer.stages import Paths, run_stage, stage_inputs, stage_outputs, stage_params
+
+__all__ = ["stage_task", "log_stage", "register_classifier", "promote_task", "RETRIES"]
+
+# reading user files and SQLite can fail for a moment (network mounts, a locked db); training resumes from
+# its last checkpoint, so one retry of a training stage costs at most `checkpoint_every` steps
+RETRIES = {"prepare": 2, "tokenize": 2, "pretrain": 1, "finetune_lm": 1, "train_classifier": 1, "evaluate": 1}
+
+PLOTS = {
+    "pretrain": ["pretrain_loss.png"], "finetune_lm": ["finetune_lm_loss.png"],
+    "train_classifier": ["classifier_loss.png", "lr_schedule.png"], "evaluate": ["confusion.png"],
+}
+HISTORY = {"pretrain": "pretrain_history.csv", "finetune_lm": "finetune_lm_history.csv",
+           "train_classifier": "classifier_history.csv"}
+
+
+LIBRARY = Path(transfer.__file__).parent  # hashed into every key: a fix in the library reruns the stages
+
+
+@task(cache_policy=content_cache_policy(outputs=("root",), exclude=("params",)), persist_result=True,
+      result_serializer="json")
+def stage_task(stage: str, section: dict, inputs: list[Path], params: Params, root: Path,
+               code: Path = LIBRARY) -> dict[str, Any]:
+    """Run one stage. Cached on: the stage, its params section, its inputs' bytes, the library's and this source."""
+    paths = Paths(root)
+    metrics = run_stage(stage, params, paths)
+    return record_outputs(stage_outputs(params, stage, paths), stage=stage, metrics=metrics)
+
+
+def _history_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    out = []
+    for i, r in enumerate(rows):  # one MLflow step per row, metrics prefixed with the direction
+        prefix = f"{r.pop('direction')}_" if "direction" in r else ""
+        out.append({"row": i, **{prefix + k: float(v) for k, v in r.items() if v not in ("", None)}})
+    return out
+
+
+def log_stage(stage: str, params: Params, result: dict, cached: bool, root: Path) -> str:
+    """A nested MLflow run for the stage: params section, input digests, metrics, curves, plots."""
+    paths = Paths(root)
+    inputs = {str(p): p for p in stage_inputs(params, stage, paths) if p.exists()}
+    with stage_run(stage, stage_params(params, stage), inputs=inputs) as run:
+        mlflow.set_tag("cache", "hit" if cached else "miss")
+        scalars = {k: v for k, v in flatten(_scalar_metrics(stage, result.get("metrics", {}))).items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if scalars:
+            mlflow.log_metrics(scalars)
+        if stage in HISTORY:
+            log_metrics_history(_history_rows(paths.plot(HISTORY[stage])), step_key="row")
+        for png in PLOTS.get(stage, []):
+            if paths.plot(png).exists():
+                log_figure_png(paths.plot(png), f"plots/{png}")
+        if stage == "tokenize":
+            mlflow.log_artifact(str(paths.art("tokenize", "spm.model")), artifact_path="tokenizer")
+        if stage == "evaluate":
+            mlflow.log_artifact(str(paths.metrics("evaluate")))
+        return run.info.run_id
+
+
+def _scalar_metrics(stage: str, metrics: dict) -> dict:
+    if stage == "evaluate":
+        return {"variants": metrics.get("variants", {})}
+    return {k: v for k, v in metrics.items() if k not in ("classes", "test_digest")}
+
+
+@task(retries=3, retry_delay_seconds=2)
+def register_classifier(params: Params, evaluation: dict, root: Path) -> tuple[str, str]:
+    """Log the bundle as a raw-text pyfunc model in its own nested run and register a new version."""
+    from mlflow.models import infer_signature
+
+    import pandas as pd
+    from tasks import pyfunc_model
+
+    paths = Paths(root)
+    bundle = paths.art("train_classifier", "model")
+    example = pd.DataFrame({"text": ["an example document to classify"]})
+    classes = json.loads((bundle / "meta.json").read_text())["classes"]
+    output = pd.DataFrame({"label": [classes[0]], "probability": [1.0], **{f"prob_{c}": [0.0] for c in classes}})
+    champion_variant = evaluation["champion_candidate"]
+    with stage_run("register", {"registry": params.section("registry")}) as run:
+        info = mlflow.pyfunc.log_model(
+            name="classifier", python_model=str(Path(pyfunc_model.__file__)), artifacts={"bundle": str(bundle)},
+            signature=infer_signature(example, output), input_example=example,
+            pip_requirements=_pip_requirements(), code_paths=[str(Path(transfer.__file__).parent)],
+            registered_model_name=params.registry.model_name,
+        )
+        metrics = evaluation["variants"][champion_variant]
+        mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
+        mlflow.set_tag("variant", champion_variant)
+        return info.registered_model_version, run.info.run_id
+
+
+def _pip_requirements() -> list[str]:
+    from importlib.metadata import version
+
+    return [f"{pkg}=={version(pkg)}" for pkg in ("torch", "sentencepiece", "numpy", "pandas", "mlflow")]
+
+
+@task(retries=3, retry_delay_seconds=2)
+def promote_task(params: Params, version: str, evaluation: dict) -> Decision:
+    r = params.registry
+    metrics = evaluation["variants"][evaluation["champion_candidate"]]
+    return promote(r.model_name, version, metrics, r.metric, r.min_delta, r.min_accuracy,
+                   test_digest=evaluation["test_digest"])

@@ -1,0 +1,190 @@
+"""MLflow tracking: one parent run per pipeline run, one nested run per stage with its params, code and data.
+
+MLflow keeps the active-run stack per thread, and Prefect may run a task in a worker thread, so a stage
+finds its parent as: the `parent_run_id` it is given, else this thread's active run, else the pipeline
+run this process started with `start_pipeline_run`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import numbers
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.data.dataset_source_registry import get_dataset_source_from_json
+from mlflow.data.meta_dataset import MetaDataset
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+from tasks.cache import MISSING, content_digest
+from transfer.config import flatten
+
+__all__ = [
+    "tracking_uri",
+    "ensure_experiment",
+    "loggable_params",
+    "git_tags",
+    "start_pipeline_run",
+    "stage_run",
+    "log_dataset",
+    "log_metrics_history",
+    "log_figure_png",
+]
+
+GIT_COMMIT_TAG = "mlflow.source.git.commit"
+MAX_DATASET_DIGEST = 36  # MLflow rejects longer dataset digests; the full sha256 goes in an input tag
+_BATCH = 1000  # MLflow's limit on metrics per log_batch call
+
+# a key component ending in one of these words is a secret: hf_token, db_password, aws_access_key_id (not max_tokens)
+_SECRET = re.compile(r"(^|_)(token|secret|password|passwd|credentials?|(api|access|private|secret|auth)_?key(_id)?)$")
+
+_pipeline_run_id: str | None = None  # this process's pipeline run, for stages running in other threads
+
+
+def tracking_uri() -> str:
+    """$MLFLOW_TRACKING_URI, else a SQLite database `mlflow.db` in the working directory."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
+
+
+def _client() -> MlflowClient:
+    return MlflowClient(tracking_uri=tracking_uri())
+
+
+def ensure_experiment(name: str, artifact_location: str | Path) -> str:
+    """The id of experiment `name`, created (artifacts under `artifact_location`) or restored if needed."""
+    client = _client()
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        location = str(artifact_location)
+        if "://" not in location:  # a local folder: MLflow wants an absolute file URI
+            location = Path(location).resolve().as_uri()
+        return client.create_experiment(name, artifact_location=location)
+    if experiment.lifecycle_stage == "deleted":
+        client.restore_experiment(experiment.experiment_id)
+    return experiment.experiment_id
+
+
+def loggable_params(params: Mapping[str, Any] | Any) -> dict[str, Any]:
+    """`params` (dict or dataclass) flattened to dotted keys, without secrets: any key with a secret-like component."""
+    if dataclasses.is_dataclass(params) and not isinstance(params, type):
+        params = dataclasses.asdict(params)
+    flat = flatten(params)
+    return {k: v for k, v in flat.items() if not any(_SECRET.search(part.lower()) for part in k.split("."))}
+
+
+def git_tags(cwd: str | Path | None = None) -> dict[str, str]:
+    """{"mlflow.source.git.commit": HEAD, "git.dirty": "true"/"false"} for the repo at `cwd`; {} outside one."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no") != ""
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    return {GIT_COMMIT_TAG: commit, "git.dirty": str(dirty).lower()}
+
+
+def _log_params(run_id: str, params: Mapping[str, Any] | Any) -> None:
+    flat = loggable_params(params)
+    if flat:
+        mlflow.log_params({k: "null" if v is None else v for k, v in flat.items()}, run_id=run_id)
+
+
+@contextlib.contextmanager
+def start_pipeline_run(
+    name: str, params: Mapping[str, Any] | Any, experiment_id: str | None = None, tags: Mapping[str, str] | None = None
+) -> Iterator[mlflow.ActiveRun]:
+    """The parent run of one pipeline run: all params, the git commit; stages nest under it."""
+    global _pipeline_run_id
+    mlflow.set_tracking_uri(tracking_uri())
+    all_tags = {**git_tags(), "pipeline": name, **(tags or {})}
+    with mlflow.start_run(run_name=name, experiment_id=experiment_id, tags=all_tags) as run:
+        _log_params(run.info.run_id, params)
+        previous, _pipeline_run_id = _pipeline_run_id, run.info.run_id
+        try:
+            yield run
+        finally:
+            _pipeline_run_id = previous
+
+
+@contextlib.contextmanager
+def stage_run(
+    stage: str,
+    params_section: Mapping[str, Any] | Any,
+    inputs: Mapping[str, str | Path] | None = None,
+    parent_run_id: str | None = None,
+) -> Iterator[mlflow.ActiveRun]:
+    """A run for one stage, nested under the pipeline run: its params section, git commit and input digests."""
+    mlflow.set_tracking_uri(tracking_uri())
+    active = mlflow.active_run()
+    parent = parent_run_id or (active.info.run_id if active else None) or _pipeline_run_id
+    experiment_id = _client().get_run(parent).info.experiment_id if parent else None
+    tags = {**git_tags(), "stage": stage}
+    with mlflow.start_run(
+        run_name=stage, experiment_id=experiment_id, nested=active is not None, parent_run_id=parent, tags=tags
+    ) as run:
+        _log_params(run.info.run_id, params_section)
+        for role, path in (inputs or {}).items():
+            log_dataset(path, context=role)
+        yield run
+
+
+def log_dataset(path: str | Path, context: str | None = None, name: str | None = None) -> str:
+    """Record file or folder `path` as an input of the active run, digested by content; returns the sha256.
+
+    Only the digest is logged (a MetaDataset), so a 40 MB corpus is hashed once and never parsed.
+    """
+    path = Path(path).resolve()
+    sha256 = content_digest(path)
+    if sha256 == MISSING:
+        raise FileNotFoundError(f"{path}: dataset to log does not exist")
+    source = get_dataset_source_from_json(json.dumps({"uri": path.as_uri()}), source_type="local")
+    digest = sha256.removeprefix("dir:")[:MAX_DATASET_DIGEST]
+    dataset = MetaDataset(source=source, name=name or path.name, digest=digest)
+    mlflow.log_input(dataset, context=context, tags={"sha256": sha256})
+    return sha256
+
+
+def log_metrics_history(history: list[Mapping[str, Any]], step_key: str = "epoch", run_id: str | None = None) -> None:
+    """Log every numeric column of `history` (one dict per epoch/step) at step `row[step_key]`."""
+    if run_id is None:
+        active = mlflow.active_run()
+        if active is None:
+            raise RuntimeError("log_metrics_history needs a run_id or an active MLflow run")
+        run_id = active.info.run_id
+    now = int(time.time() * 1000)
+    metrics = [
+        Metric(key=key, value=float(value), timestamp=now, step=int(row[step_key]))
+        for row in history
+        for key, value in row.items()
+        if key != step_key and isinstance(value, numbers.Real) and not isinstance(value, bool)
+    ]
+    client = _client()
+    for i in range(0, len(metrics), _BATCH):
+        client.log_batch(run_id, metrics=metrics[i : i + _BATCH])
+
+
+def log_figure_png(fig_or_path: Any, name: str) -> str:
+    """Log a matplotlib figure or an existing PNG file as artifact `name` (".png" added); returns the name."""
+    name = name if name.endswith(".png") else f"{name}.png"
+    if not isinstance(fig_or_path, (str, Path)):
+        mlflow.log_figure(fig_or_path, name)
+        return name
+    folder, _, file_name = name.rpartition("/")
+    with tempfile.TemporaryDirectory() as tmp:  # log_artifact keeps the file's own name: copy it to `name`
+        target = Path(tmp, file_name)
+        shutil.copyfile(fig_or_path, target)
+        mlflow.log_artifact(str(target), artifact_path=folder or None)
+    return name
