@@ -109,7 +109,7 @@ def register_classifier(params: Params, evaluation: dict, root: Path) -> tuple[s
         metrics = evaluation["variants"][champion_variant]
         mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
         mlflow.set_tag("variant", champion_variant)
-        return info.registered_model_version, run.info.run_id
+        return str(info.registered_model_version), run.info.run_id
 
 
 def _pip_requirements() -> list[str]:

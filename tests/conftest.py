@@ -1,4 +1,41 @@
+"""Shared fixtures: a tiny, fast workspace that the real pipeline runs in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
 import torch
+
+from transfer.config import dump_params, load_params
+from transfer.demo import make_demo
 
 # tiny test models are dominated by per-op overhead; one thread avoids spin-waiting between the two cores
 torch.set_num_threads(1)
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The repo's params.yaml shrunk so that the whole pipeline runs in well under a minute on 2 cores.
+TINY = [
+    "tokenizer.vocab_size=200", "model.emb_size=16", "model.hidden_size=32",
+    "pretrain.max_tokens=12000", "pretrain.bs=16", "pretrain.bptt=20", "pretrain.checkpoint_every=10",
+    "finetune_lm.bs=16", "finetune_lm.bptt=20", "finetune_lm.epochs=1", "finetune_lm.max_tokens=8000",
+    "finetune_lm.checkpoint_every=10", "classifier.unfreeze_epochs=[1, 1]", "classifier.bptt=20",
+    "classifier.checkpoint_every=10",
+]
+
+
+def make_workspace(root: Path, overrides: list[str] = ()) -> Path:
+    """params.yaml (tiny) + small synthetic data in `root`."""
+    root.mkdir(parents=True, exist_ok=True)
+    dump_params(load_params(REPO / "params.yaml", [*TINY, *overrides]), root / "params.yaml")
+    make_demo(root / "data" / "demo", n_general_docs=600, n_labelled=320)
+    return root
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch) -> Path:
+    """A tiny workspace as the current directory."""
+    make_workspace(tmp_path / "ws")
+    monkeypatch.chdir(tmp_path / "ws")
+    return tmp_path / "ws"
