@@ -20,6 +20,8 @@ app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pret
 data_app = typer.Typer(help="Get data: the synthetic demo set, or public datasets with sha256 checks.",
                        no_args_is_help=True)
 app.add_typer(data_app, name="data")
+experiment_app = typer.Typer(help="Experiments that measure the recipe.", no_args_is_help=True)
+app.add_typer(experiment_app, name="experiment")
 console = Console(stderr=True)
 DEBUG = {"on": False}
 
@@ -79,11 +81,12 @@ def stage(name: str = typer.Argument(..., help="prepare | tokenize | pretrain | 
           params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt) -> None:
     """Run one stage (what `dvc repro` calls). Reads and writes artifacts/, metrics/ and plots/."""
     from transfer.config import load_params
+
+    p = load_params(params, set_ or [])  # bad params fail before torch/pandas are imported
     from transfer.stages import run_stage
 
-    p = load_params(params, set_ or [])
-    if name == "prepare":
-        from flows.ulmfit import ensure_demo_data
+    if name == "prepare" and not all(Path(w).exists() for w in (p.data.train, p.data.test, *p.data.general) if w):
+        from flows.ulmfit import ensure_demo_data  # imports prefect (seconds): only when an input is missing
 
         ensure_demo_data(p, Path("."))
     metrics = run_stage(name, p)
@@ -191,6 +194,30 @@ def data_download(name: str = typer.Argument(..., help="wikitext-103 | imdb"),
 
     for k, v in download(name, dest, url_override=url).items():
         typer.echo(f"{k}: {v}")
+
+
+@experiment_app.command("sample-efficiency")
+def sample_efficiency(budgets: str = typer.Option("100,200,500,1000,all", help="Label budgets, comma-separated; 'all' = every row."),
+                      seeds: str = typer.Option("0,1,2", help="Seeds per budget (label draw and classifier init)."),
+                      params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt) -> None:
+    """Test error vs labelled examples for every evaluate.variants entry: CSV + PNG in plots/, logged to MLflow."""
+    from flows.experiments import run_sample_efficiency
+
+    rows = run_sample_efficiency(budgets.split(","), [int(x) for x in seeds.split(",")], str(params), set_ or [])
+    t = Table(title="mean test error % by label budget")
+    variants = sorted({r["variant"] for r in rows})
+    budget_list = list(dict.fromkeys(r["budget"] for r in rows))
+    t.add_column("variant")
+    for b in budget_list:
+        t.add_column(b)
+    for v in variants:
+        cells = []
+        for b in budget_list:
+            errs = [r["error"] for r in rows if r["variant"] == v and r["budget"] == b]
+            cells.append(f"{100 * sum(errs) / len(errs):.1f}")
+        t.add_row(v, *cells)
+    Console().print(t)
+    Console().print("plots/sample_efficiency.png, plots/sample_efficiency.csv, metrics/sample_efficiency.json")
 
 
 def main() -> None:

@@ -56,19 +56,7 @@ def ulmfit_flow(params_path: str = "params.yaml", overrides: list[str] | None = 
     experiment_id = ensure_experiment(p.mlflow.experiment, root_path / p.mlflow.artifact_location)
     with start_pipeline_run(run_name(p), p.to_dict(), experiment_id=experiment_id) as parent:
         summary["mlflow_run_id"] = parent.info.run_id
-        results = {}
-        for stage in STAGES:
-            t0 = time.perf_counter()
-            task = stage_task.with_options(name=stage, task_run_name=stage, retries=RETRIES[stage],
-                                           retry_delay_seconds=5)
-            state = task(stage, stage_params(p, stage), _content_inputs(p, stage, paths), p, root_path,
-                         return_state=True)
-            result = state.result()
-            cached = state.name == "Cached"
-            log_stage(stage, p, result, cached, root_path)
-            results[stage] = result["metrics"]
-            summary["stages"][stage] = dict(state=state.name, seconds=time.perf_counter() - t0)
-            logger.info(f"{stage}: {state.name} in {time.perf_counter() - t0:.1f}s")
+        results, summary["stages"] = run_stage_tasks(p, paths)
         evaluation = results["evaluate"]
         summary["variants"] = evaluation["variants"]
         summary["champion_candidate"] = evaluation["champion_candidate"]
@@ -81,6 +69,24 @@ def ulmfit_flow(params_path: str = "params.yaml", overrides: list[str] | None = 
             logger.info(f"model {p.registry.model_name} v{version}: "
                         f"{'promoted to champion' if decision.promoted else 'stays challenger'} ({decision.reason})")
     return summary
+
+
+def run_stage_tasks(p: Params, paths: Paths, log_to_mlflow: bool = True) -> tuple[dict, dict]:
+    """Every stage in order as a cached task -> (metrics by stage, {stage: {state, seconds}})."""
+    logger = get_run_logger()
+    results, states = {}, {}
+    for stage in STAGES:
+        t0 = time.perf_counter()
+        task = stage_task.with_options(name=stage, task_run_name=stage, retries=RETRIES[stage], retry_delay_seconds=5)
+        state = task(stage, stage_params(p, stage), _content_inputs(p, stage, paths), p, paths.root,
+                     return_state=True)
+        result = state.result()
+        if log_to_mlflow:
+            log_stage(stage, p, result, state.name == "Cached", paths.root)
+        results[stage] = result["metrics"]
+        states[stage] = dict(state=state.name, seconds=time.perf_counter() - t0)
+        logger.info(f"{stage}: {state.name} in {states[stage]['seconds']:.1f}s")
+    return results, states
 
 
 def _content_inputs(p: Params, stage: str, paths: Paths) -> list[Path]:

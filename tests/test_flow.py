@@ -80,3 +80,17 @@ def test_a_deleted_artifact_is_recomputed_not_loaded(first_run):
     assert lm.read_bytes() == before, "deterministic on CPU: the recomputed LM is bit-identical"
     # identical bytes downstream, so the later stages are cache hits again
     assert states(summary)["finetune_lm"] == "Cached"
+
+
+def test_sample_efficiency_reuses_the_cached_lms_and_writes_curve(first_run):
+    from flows.experiments import run_sample_efficiency
+
+    ws, _ = first_run
+    rows = run_sample_efficiency(["40", "all"], [0, 1])
+    assert {(r["budget"], r["seed"]) for r in rows} == {("40", 0), ("40", 1), ("all", 0), ("all", 1)}
+    assert {r["variant"] for r in rows} == {"tfidf", "ulmfit_fwd", "ulmfit_bwd", "ulmfit_ensemble"}
+    assert all(r["n_labels"] == 40 for r in rows if r["budget"] == "40")
+    assert all(r["lm_cache"] == "tokenize=Cached,pretrain=Cached,finetune_lm=Cached" for r in rows), \
+        "label budgets never retrain the tokenizer or the language models"
+    assert (ws / "plots" / "sample_efficiency.png").read_bytes()[:4] == b"\x89PNG"
+    assert len((ws / "plots" / "sample_efficiency.csv").read_text().splitlines()) == 1 + len(rows)

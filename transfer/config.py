@@ -92,6 +92,7 @@ class DataParams:
     valid_frac: float = 0.1
     test_frac: float = 0.2
     seed: int = 0  # split seed
+    label_seed: int = 0  # which rows a max_train_labels subsample keeps (varied by the sample-efficiency runs)
 
     def __post_init__(self) -> None:
         _require(len(self.general) > 0, "general", "must name at least one file, folder or glob")

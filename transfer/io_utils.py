@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["atomic_path", "write_json", "file_digest"]
+__all__ = ["atomic_path", "write_json", "write_csv", "file_digest"]
 
 
 @contextlib.contextmanager
@@ -33,6 +34,15 @@ def write_json(path: str | Path, obj: Any) -> Path:
     """Write `obj` as indented JSON, atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    return Path(path)
+
+
+def write_csv(path: str | Path, rows: list[dict]) -> Path:
+    """Rows of dicts as CSV with a header from the first row, atomically."""
+    with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["empty"])
+        writer.writeheader()
+        writer.writerows(rows)
     return Path(path)
 
 

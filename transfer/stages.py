@@ -7,7 +7,6 @@ stage's metrics file is written last, so its presence means the stage finished.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import time
@@ -23,7 +22,7 @@ from transfer.config import Params
 from transfer.data import ClassificationLoader, Docs, LMLoader, load_token_stream, write_token_stream
 from transfer.errors import TransferError
 from transfer.evaluate import Predictor, classification_metrics, save_classifier, softmax
-from transfer.io_utils import atomic_path, file_digest, write_json
+from transfer.io_utils import atomic_path, file_digest, write_csv, write_json
 from transfer.model import LanguageModel, TextClassifier, classifier_config, lm_config
 from transfer.plots import plot_confusion, plot_history, plot_lr_schedule
 from transfer.readers import iter_text_documents, read_table
@@ -55,14 +54,6 @@ def _texts_file(path: Path, texts: Iterator[str] | list[str]) -> Path:
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for t in texts:
             f.write(" ".join(t.split()) + "\n")
-    return path
-
-
-def _write_csv(path: Path, rows: list[dict]) -> Path:
-    with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["empty"])
-        w.writeheader()
-        w.writerows(rows)
     return path
 
 
@@ -116,7 +107,7 @@ def prepare(p: Params, paths: Paths = Paths()) -> dict:
     """Read the labelled tables, split and subsample them, and gather the domain texts for LM tuning."""
     d = p.data
     read = lambda f: read_table(f, list(d.text_cols), d.label_col, d.encoding, d.header)  # noqa: E731
-    train = read(d.train)
+    train = table = read(d.train)
     test = read(d.test) if d.test else None
     if test is None:
         train, test = _split(train, d.test_frac, d.seed, "test", d.train)
@@ -128,9 +119,13 @@ def prepare(p: Params, paths: Paths = Paths()) -> dict:
         unknown = sorted(set(df["label"]) - set(classes))
         if unknown:
             raise TransferError(f"{src}: label {unknown[0]!r} occurs in the {name} rows but never in training")
-    labelled = train if d.max_train_labels is None else _subsample(train, d.max_train_labels, d.seed, d.train)
-    # every training text, labelled or not, is in-domain LM text (the paper's semi-supervised setting)
-    domain = [*train["text"], *valid["text"]]
+    labelled = train if d.max_train_labels is None else _subsample(train, d.max_train_labels, d.label_seed, d.train)
+    # every training text, labelled or not, is in-domain LM text (the paper's semi-supervised setting);
+    # file order, so label budgets and split seeds leave domain.txt (and the tuned LM) unchanged
+    test_texts = set(test["text"]) if d.test is None else set()  # a test split cut from train stays out
+    domain = [t for t in table["text"] if t not in test_texts]
+    if d.valid:
+        domain += list(valid["text"])
     if d.domain_include_test:
         domain += list(test["text"])
     extra = iter_text_documents(list(d.domain), d.encoding) if d.domain else iter(())
@@ -213,7 +208,7 @@ def _lm_stage(stage: str, p: Params, paths: Paths, hp, stream: np.ndarray, valid
         metrics[direction] = dict(valid_ppl=history[-1]["valid_ppl"], valid_loss=history[-1]["valid_loss"],
                                   tokens_per_s=float(np.mean([r["items_per_s"] for r in history])),
                                   train_s=time.perf_counter() - t0, train_tokens=train.tokens_per_epoch())
-    _write_csv(paths.plot(f"{stage}_history.csv"), rows)
+    write_csv(paths.plot(f"{stage}_history.csv"), rows)
     plot_history(rows, paths.plot(f"{stage}_loss.png"), f"{stage}: loss per epoch")
     write_json(paths.metrics(stage), metrics)
     return metrics
@@ -292,8 +287,8 @@ def classify(p: Params, paths: Paths = Paths()) -> dict:
     cfg = model.cfg
     save_classifier(paths.art("train_classifier", "model"), paths.art("tokenize", "spm.model"), classes, cfg,
                     states, p.classifier.bptt, p.classifier.max_len)
-    _write_csv(paths.plot("classifier_history.csv"), rows)
-    _write_csv(paths.plot("lr_schedule.csv"), [dict(step=s["step"], lr=s["lr"]) for s in steps])
+    write_csv(paths.plot("classifier_history.csv"), rows)
+    write_csv(paths.plot("lr_schedule.csv"), [dict(step=s["step"], lr=s["lr"]) for s in steps])
     plot_history(rows, paths.plot("classifier_loss.png"), "classifier: loss per epoch")
     plot_lr_schedule(steps, paths.plot("lr_schedule.png"), "classifier LR: gradual unfreezing + STLR")
     write_json(paths.metrics("train_classifier"), metrics)
@@ -354,7 +349,7 @@ def evaluate(p: Params, paths: Paths = Paths()) -> dict:
     champion = max(ulmfit, key=lambda v: results[v]["accuracy"]) if ulmfit else None
     if champion:
         best = results[champion]["full"]
-        _write_csv(paths.plot("confusion.csv"), [dict(actual=classes[a], predicted=classes[b])
+        write_csv(paths.plot("confusion.csv"), [dict(actual=classes[a], predicted=classes[b])
                                                   for a, b in zip(y, probs[champion].argmax(1))])
         plot_confusion(best["confusion_matrix"], classes, paths.plot("confusion.png"), f"{champion} on test")
     metrics = dict(variants={v: {k: r[k] for k in ("accuracy", "error_rate", "macro_f1")} for v, r in results.items()},

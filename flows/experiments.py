@@ -1,0 +1,78 @@
+"""Sample efficiency: test error against the number of labelled examples, per variant (the paper's Figure 3)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+from prefect import flow, get_run_logger
+
+from flows.ulmfit import ensure_demo_data, run_name, run_stage_tasks
+from tasks.cache import cache_dir
+from tasks.tracking import ensure_experiment, log_figure_png, start_pipeline_run
+from transfer.config import load_params
+from transfer.io_utils import write_csv, write_json
+from transfer.plots import plot_sample_efficiency
+from transfer.stages import Paths
+
+DEFAULT_BUDGETS = ["100", "200", "500", "1000", "all"]
+
+
+def _budget_overrides(budget: str, seed: int) -> list[str]:
+    labels = "null" if budget == "all" else str(int(budget))
+    # the split seed stays fixed (same valid/test rows in every cell); the label draw and training vary
+    return [f"data.max_train_labels={labels}", f"data.label_seed={seed}", f"classifier.seed={seed}"]
+
+
+@flow(name="sample-efficiency", log_prints=True)
+def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | None = None,
+                           params_path: str = "params.yaml", overrides: list[str] | None = None,
+                           root: str = ".") -> list[dict]:
+    """Classifier tuning and baselines at each label budget and seed; tokenizer and LM stages are cache hits."""
+    logger = get_run_logger()
+    budgets, seeds = budgets or DEFAULT_BUDGETS, seeds if seeds is not None else [0, 1, 2]
+    root_path = Path(root).resolve()
+    paths = Paths(root_path)
+    base = load_params(root_path / params_path, overrides or [])
+    ensure_demo_data(base, root_path)
+    rows: list[dict] = []
+    experiment_id = ensure_experiment(base.mlflow.experiment, root_path / base.mlflow.artifact_location)
+    with start_pipeline_run(f"sample-efficiency-{run_name(base)}", base.to_dict(), experiment_id=experiment_id,
+                            tags={"experiment": "sample-efficiency"}):
+        for budget in budgets:
+            for seed in seeds:
+                p = load_params(root_path / params_path, [*(overrides or []), *_budget_overrides(budget, seed)])
+                results, states = run_stage_tasks(p, paths, log_to_mlflow=False)
+                lm_states = {s: states[s]["state"] for s in ("tokenize", "pretrain", "finetune_lm")}
+                logger.info(f"budget {budget} seed {seed}: LM stages {lm_states}")
+                n_labels = results["prepare"]["n_train"]
+                for variant, m in results["evaluate"]["variants"].items():
+                    rows.append(dict(variant=variant, budget=budget, n_labels=n_labels, seed=seed,
+                                     error=m["error_rate"], accuracy=m["accuracy"], macro_f1=m["macro_f1"],
+                                     lm_cache=",".join(f"{k}={v}" for k, v in lm_states.items())))
+                    mlflow.log_metric(f"{variant}.error.b{budget}", m["error_rate"], step=seed)
+        csv_path = write_csv(paths.plot("sample_efficiency.csv"), rows)
+        png = plot_sample_efficiency(rows, paths.plot("sample_efficiency.png"),
+                                     "test error vs labelled examples (mean, min-max over seeds)")
+        write_json(paths.metrics("sample_efficiency"), _summary(rows))
+        mlflow.log_artifact(str(csv_path))
+        log_figure_png(png, "sample_efficiency.png")
+    return rows
+
+
+def _summary(rows: list[dict]) -> dict:
+    out: dict = {}
+    for r in rows:
+        out.setdefault(r["variant"], {}).setdefault(r["budget"], []).append(r["error"])
+    return {v: {b: dict(mean_error=sum(e) / len(e), n_seeds=len(e)) for b, e in bs.items()} for v, bs in out.items()}
+
+
+def run_sample_efficiency(budgets: list[str], seeds: list[int], params_path: str = "params.yaml",
+                          overrides: list[str] | None = None, root: str | Path = ".") -> list[dict]:
+    with cache_dir(Path(root) / ".prefect-results"):
+        return sample_efficiency_flow(budgets, seeds, params_path, list(overrides or []), str(root))
+
+
+if __name__ == "__main__":
+    print(json.dumps(run_sample_efficiency(DEFAULT_BUDGETS, [0, 1, 2]), indent=1))
