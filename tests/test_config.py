@@ -94,7 +94,7 @@ def test_classifier_epochs_is_unknown_and_points_at_unfreeze_epochs():
         ("classifier:\n  bs: 3.5\n", "classifier.bs must be an integer, got 3.5 (float)"),
         ("classifier:\n  bs: true\n", "classifier.bs must be an integer, got True (bool)"),
         ("data:\n  header: 1\n", "data.header must be a boolean (true/false), got 1 (int)"),
-        ("data:\n  label_col: 3\n", "data.label_col must be a string, got 3 (int)"),
+        ("data:\n  label_col: 3.5\n", "data.label_col must be a string, got 3.5 (float)"),
         ("classifier:\n  unfreeze_epochs: [1, two]\n", "classifier.unfreeze_epochs[1] must be an integer, got 'two'"),
         ("model:\n  directions: {fwd: 1}\n", "model.directions must be a list of str"),
         ("classifier: 3\n", "section 'classifier' must be a mapping"),
@@ -239,3 +239,10 @@ def test_direct_construction_validates_too():
         TrainParams(lr=0)
     with pytest.raises(TransferError, match="test_frac must be in"):
         DataParams(test_frac=1.0)
+
+
+def test_columns_named_by_index_are_read_as_strings(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("data:\n  header: false\n  label_col: 0\n  text_cols: [1, 2]\n")
+    p = load_params(path)
+    assert p.data.label_col == "0" and p.data.text_cols == ["1", "2"]

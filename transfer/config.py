@@ -87,6 +87,7 @@ class DataParams:
     header: bool = True  # False: columns are named "0", "1", ...
     encoding: str = "utf-8"
     domain: list[str] = field(default_factory=list)  # extra unlabelled in-domain text for LM fine-tuning
+    lm_eval: list[str] = field(default_factory=list)  # held-out text to report the general LM's perplexity on
     domain_include_test: bool = False  # also fine-tune the LM on test texts (no labels; transductive)
     max_train_labels: int | None = None  # keep only this many labelled train rows (learning-curve runs)
     valid_frac: float = 0.1
@@ -458,6 +459,8 @@ def _coerce(value: Any, tp: Any, path: str, where: str) -> Any:
         return value
     if tp is str and isinstance(value, str):
         return value
+    if tp is str and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # a column named by index: `label_col: 0`, `text_cols: [1, 2]`
     if tp is int and not isinstance(value, bool):
         if isinstance(value, int):
             return value

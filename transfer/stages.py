@@ -27,7 +27,9 @@ from transfer.model import LanguageModel, TextClassifier, classifier_config, lm_
 from transfer.plots import plot_confusion, plot_history, plot_lr_schedule
 from transfer.readers import iter_text_documents, read_table
 from transfer.tokenizer import PAD_ID, Tokenizer, train_tokenizer
-from transfer.train import classifier_logits, finetune_lm, load_checkpoint, pretrain_lm, train_classifier
+from transfer.train import (
+    classifier_logits, finetune_lm, lm_perplexity, load_checkpoint, pick_device, pretrain_lm, train_classifier,
+)
 
 __all__ = ["STAGES", "Paths", "run_stage", "prepare", "tokenize", "pretrain", "finetune", "classify",
            "evaluate", "stage_inputs", "stage_params"]
@@ -215,10 +217,22 @@ def _lm_stage(stage: str, p: Params, paths: Paths, hp, stream: np.ndarray, valid
 
 
 def pretrain(p: Params, paths: Paths = Paths()) -> dict:
-    """General-domain LM, one per direction; reports validation perplexity on a held-out tail."""
+    """General-domain LM, one per direction; reports perplexity on a held-out tail and on `data.lm_eval`."""
     path = paths.art("tokenize", "general.npy")
-    return _lm_stage("pretrain", p, paths, p.pretrain, load_token_stream(path), p.pretrain.valid_frac,
-                     lambda d: None, pretrain_lm, file_digest(path))
+    metrics = _lm_stage("pretrain", p, paths, p.pretrain, load_token_stream(path), p.pretrain.valid_frac,
+                        lambda d: None, pretrain_lm, file_digest(path))
+    if p.data.lm_eval:
+        tok = Tokenizer.load(paths.art("tokenize", "spm.model"))
+        docs = iter_text_documents(list(p.data.lm_eval), p.data.encoding, p.data.general_doc_per)
+        stream = load_token_stream(_encode_stream(tok, docs, paths.art("pretrain", "lm_eval.npy")))
+        for direction in p.model.directions:
+            model = _lm(p, tok.vocab_size, p.pretrain.drop_mult)
+            model.load_state_dict(load_checkpoint(paths.art("pretrain", f"lm-{direction}.pt")))
+            loader = LMLoader(stream, p.pretrain.bs, p.pretrain.bptt, backwards=direction == "bwd", variable=False)
+            ppl = lm_perplexity(model.to(pick_device()), loader, p.pretrain.precision)["valid_ppl"]
+            metrics[direction].update(lm_eval_ppl=ppl, lm_eval_tokens=int(len(stream)))
+        write_json(paths.metrics("pretrain"), metrics)
+    return metrics
 
 
 def finetune(p: Params, paths: Paths = Paths()) -> dict:
@@ -372,7 +386,7 @@ def stage_params(p: Params, stage: str) -> dict:
     sections = {
         "prepare": {"data": s("data")},
         "tokenize": {"data": {k: s("data")[k] for k in data_keys["tokenize"]}, "tokenizer": s("tokenizer")},
-        "pretrain": {"model": s("model"), "pretrain": s("pretrain")},
+        "pretrain": {"model": s("model"), "pretrain": s("pretrain"), "data": {"lm_eval": s("data")["lm_eval"]}},
         "finetune_lm": {"model": s("model"), "finetune_lm": s("finetune_lm")},
         "train_classifier": {"model": s("model"), "classifier": s("classifier"),
                              "evaluate": {"batch_size": s("evaluate")["batch_size"]}},
@@ -390,7 +404,7 @@ def stage_inputs(p: Params, stage: str, paths: Paths = Paths()) -> list[Path]:
     inputs = {
         "prepare": [Path(f) for f in [d.train, d.valid, d.test, *d.domain] if f],
         "tokenize": [Path(g) for g in d.general],
-        "pretrain": [a("tokenize", "general.npy"), a("tokenize", "spm.model")],
+        "pretrain": [a("tokenize", "general.npy"), a("tokenize", "spm.model"), *map(Path, d.lm_eval)],
         "finetune_lm": [a("prepare", "domain.txt"), a("tokenize", "spm.model")] + [a("pretrain", f"lm-{x}.pt") for x in dirs],
         "train_classifier": [a("prepare", "train.csv"), a("prepare", "valid.csv"), a("tokenize", "spm.model")]
         + [a("finetune_lm", f"lm-{x}.pt") for x in dirs],
