@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from transfer.config import load_params
 
 from flows.ulmfit import ulmfit_flow
@@ -11,6 +14,8 @@ def serve_scheduled(params_path: str = "params.yaml", overrides: list[str] | Non
                     cron: str | None = None) -> None:
     """Register the deployment and run its flow runs in this process until stopped (Ctrl-C)."""
     p = load_params(params_path, overrides or [])
+    # scheduled runs execute in child processes of this one: share `transfer run`'s task cache
+    os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(Path(".prefect-results").resolve())
     ulmfit_flow.serve(
         name=p.schedule.deployment_name,
         cron=cron or p.schedule.cron,
