@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import traceback
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -40,17 +41,24 @@ def run(params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
         promote: bool = typer.Option(True, help="Register the classifier and apply the champion gate."),
         lock_timeout: float = typer.Option(0, help="Seconds to wait for another run in this workspace (0: refuse).")) -> None:
     """Run the whole pipeline as a Prefect flow (cached stages are skipped), then print a summary."""
-    from filelock import FileLock, Timeout
-
     from flows.ulmfit import run_pipeline
 
-    try:
-        with FileLock(LOCK, timeout=lock_timeout):
-            summary = run_pipeline(str(params), set_ or [], ".", promote)
-    except Timeout:
-        raise TransferError(f"another `transfer run` holds {LOCK} in {Path.cwd()}; wait for it, or pass "
-                            "--lock-timeout SECONDS to queue behind it") from None
+    with workspace_lock(lock_timeout):
+        summary = run_pipeline(str(params), set_ or [], ".", promote)
     _print_summary(summary)
+
+
+@contextlib.contextmanager
+def workspace_lock(timeout: float = 0) -> Iterator[None]:
+    """One writer per workspace: a second `transfer run`/`stage` waits `timeout` s, then refuses clearly."""
+    from filelock import FileLock, Timeout
+
+    try:
+        with FileLock(LOCK, timeout=timeout):
+            yield
+    except Timeout:
+        raise TransferError(f"another transfer process holds {LOCK} in {Path.cwd()}; wait for it, or pass "
+                            "--lock-timeout SECONDS to queue behind it") from None
 
 
 def _print_summary(summary: dict) -> None:
@@ -78,19 +86,33 @@ def _print_summary(summary: dict) -> None:
 
 @app.command()
 def stage(name: str = typer.Argument(..., help="prepare | tokenize | pretrain | finetune_lm | train_classifier | evaluate"),
-          params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt) -> None:
+          params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
+          lock_timeout: float = typer.Option(600, help="Seconds to wait for another process in this workspace.")) -> None:
     """Run one stage (what `dvc repro` calls). Reads and writes artifacts/, metrics/ and plots/."""
     from transfer.config import load_params
 
     p = load_params(params, set_ or [])  # bad params fail before torch/pandas are imported
     from transfer.stages import run_stage
 
-    if name == "prepare" and not all(Path(w).exists() for w in (p.data.train, p.data.test, *p.data.general) if w):
-        from flows.ulmfit import ensure_demo_data  # imports prefect (seconds): only when an input is missing
+    with workspace_lock(lock_timeout):
+        if name == "prepare" and not all(Path(w).exists() for w in (p.data.train, p.data.test, *p.data.general) if w):
+            from flows.ulmfit import ensure_demo_data  # imports prefect (seconds): only when an input is missing
 
-        ensure_demo_data(p, Path("."))
-    metrics = run_stage(name, p)
+            ensure_demo_data(p, Path("."))
+        metrics = run_stage(name, p)
     typer.echo(json.dumps({k: v for k, v in metrics.items() if k != "details"}, indent=2, default=str))
+
+
+def _existing_tracking_uri() -> str:
+    """The tracking URI for reading the registry; a SQLite store must exist (a read must not create an empty one)."""
+    from tasks.tracking import tracking_uri
+
+    uri = tracking_uri()
+    db = uri.removeprefix("sqlite:///").split("?")[0]
+    if uri.startswith("sqlite:///") and db != ":memory:" and not Path(db).is_file():
+        raise TransferError(f"{db}: no MLflow tracking database there, so no registered models (`transfer run` "
+                            "creates it; or set MLFLOW_TRACKING_URI)")
+    return uri
 
 
 @app.command()
@@ -101,7 +123,13 @@ def predict(texts: list[str] = typer.Argument(..., help="One or more texts to cl
     if model and Path(model).is_dir() and (Path(model) / "meta.json").exists():
         from transfer.evaluate import Predictor
 
-        pred = Predictor.from_dir(Path(model))
+        try:
+            pred = Predictor.from_dir(Path(model))
+        except TransferError:
+            raise
+        except Exception as e:  # a hand-edited or foreign meta.json: JSONDecodeError, KeyError, TypeError ...
+            raise TransferError(f"{model}: not a loadable classifier bundle "
+                                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
         proba = pred.predict_proba(texts)
         rows = [(pred.classes[i], float(pr[i])) for pr, i in zip(proba, proba.argmax(1))]
     else:
@@ -111,7 +139,7 @@ def predict(texts: list[str] = typer.Argument(..., help="One or more texts to cl
         from transfer.config import load_params
 
         uri = model or f"models:/{load_params(params).registry.model_name}@champion"
-        mlflow.set_tracking_uri(tracking_uri())
+        mlflow.set_tracking_uri(_existing_tracking_uri() if uri.startswith(("models:/", "runs:/")) else tracking_uri())
         try:
             loaded = mlflow.pyfunc.load_model(uri)
         except Exception as e:
@@ -135,7 +163,7 @@ def promote(version: str = typer.Argument(..., help="Registered model version to
     from transfer.config import load_params
 
     p = load_params(params, set_ or []).registry
-    client = MlflowClient(tracking_uri=tracking_uri())
+    client = MlflowClient(tracking_uri=_existing_tracking_uri())
     try:
         mv = client.get_model_version(p.model_name, version)
     except Exception:
@@ -167,11 +195,14 @@ def serve(model: str = typer.Option(None, "--model", "-m", help="Model URI; defa
 def schedule(cron: str = typer.Option(None, help="Cron expression; default: schedule.cron from params."),
              params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt) -> None:
     """Serve the flow as a deployment on that cron schedule (needs a Prefect server: PREFECT_API_URL)."""
-    from flows.deploy import serve_scheduled
+    from prefect.settings import get_current_settings
 
-    if not os.environ.get("PREFECT_API_URL"):
+    # the environment or the active profile (`prefect config set PREFECT_API_URL=...`, as the server suggests)
+    if not get_current_settings().api.url:
         raise TransferError("schedules need a running Prefect server: start `prefect server start` and set "
-                            "PREFECT_API_URL=http://127.0.0.1:4200/api")
+                            "PREFECT_API_URL=http://127.0.0.1:4200/api (environment or `prefect config set`)")
+    from flows.deploy import serve_scheduled  # after the check: it imports mlflow and torch
+
     serve_scheduled(str(params), set_ or [], cron)
 
 
@@ -227,7 +258,12 @@ def main() -> None:
     except TransferError as e:
         if DEBUG["on"]:
             traceback.print_exc()
-        console.print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+        from rich.markup import escape
+
+        # escaped: a path, value or column name like "[/x]" is text, not markup; one paragraph even when a
+        # wrapped library error spans lines
+        message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        console.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
         sys.exit(2)
 
 

@@ -27,7 +27,8 @@ def run_name(p: Params) -> str:
 def ensure_demo_data(p: Params, root: Path) -> None:
     """Generate the synthetic demo set when params point at it and it is not there yet."""
     wanted = [p.data.train, p.data.test, *p.data.general]
-    if any(str(w).startswith(str(DEMO_DIR)) and not (root / w).exists() for w in wanted if w):
+    # only a missing demo folder: a mistyped file name under it must fail as "file not found", not regenerate
+    if any(str(w).startswith(str(DEMO_DIR)) for w in wanted if w) and not (root / DEMO_DIR).exists():
         make_demo(root / DEMO_DIR)
 
 

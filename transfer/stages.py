@@ -133,10 +133,11 @@ def prepare(p: Params, paths: Paths = Paths()) -> dict:
     extra = iter_text_documents(list(d.domain), d.encoding) if d.domain else iter(())
 
     out = paths.art("prepare")
+    # domain.txt first: data.domain files are only read (and may fail) now; the tables must not change before
+    _texts_file(out / "domain.txt", (t for src in (domain, extra) for t in src))
     for name, df in (("train", labelled), ("valid", valid), ("test", test)):
         with atomic_path(out / f"{name}.csv") as tmp:
             df[["text", "label"]].to_csv(tmp, index=False)
-    _texts_file(out / "domain.txt", (t for src in (domain, extra) for t in src))
     metrics = dict(classes=classes, n_train=len(labelled), n_train_unlabelled=len(train) - len(labelled),
                    n_valid=len(valid), n_test=len(test), domain_include_test=d.domain_include_test,
                    test_digest=file_digest(out / "test.csv"))
@@ -275,7 +276,7 @@ def fit_classifier(p: Params, paths: Paths, direction: str, encoder_from: Path |
             raise TransferError(f"{encoder_from}: encoder does not fit model params ({str(e).splitlines()[0]})") from None
         data_id += file_digest(encoder_from)
     backwards = direction == "bwd"
-    bs = min(hp.bs, len(dtr))
+    bs = min(hp.bs, max(8, len(dtr) // 10))  # few labels: smaller batches, so every epoch has ~10 steps
     train = ClassificationLoader(dtr, ytr, bs, train=True, pad_id=PAD_ID, backwards=backwards, seed=hp.seed)
     valid = ClassificationLoader(dva, yva, p.evaluate.batch_size, train=False, pad_id=PAD_ID, backwards=backwards)
     history = train_classifier(model, train, valid, hp, ckpt_path=paths.art("train_classifier", ckpt_name),
@@ -431,4 +432,6 @@ def stage_outputs(p: Params, stage: str, paths: Paths = Paths()) -> list[Path]:
 def run_stage(name: str, p: Params, paths: Paths = Paths()) -> dict:
     if name not in STAGES:
         raise TransferError(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
+    for stale in paths.art(name).glob(".*.tmp-*"):  # left by a killed write; the workspace lock makes them dead
+        stale.unlink()
     return STAGES[name](p, paths)

@@ -86,7 +86,10 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise TransferError(f"{path}: checkpoint not found") from None
     except Exception as e:  # torch raises several types for truncated or foreign files
-        raise TransferError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        reason = "not a PyTorch checkpoint, or truncated" if "weights only load failed" in first.lower() \
+            or isinstance(e, (EOFError, RuntimeError)) else f"{type(e).__name__}: {first[:200]}"
+        raise TransferError(f"{path}: not a readable checkpoint ({reason})") from None
 
 
 def _hidden_state(model: nn.Module) -> list[list[torch.Tensor]] | None:
