@@ -255,7 +255,7 @@ def _labelled(paths: Paths, split: str, tok: Tokenizer, classes: list[str]) -> t
     return Docs.from_lists(tok.encode(list(df["text"]))), df["label"].map(index).to_numpy(), df
 
 
-def fit_classifier(p: Params, paths: Paths, direction: str, encoder_from: Path | None, ckpt_name: str,
+def fit_classifier(p: Params, paths: Paths, direction: str, encoder_from: Path | None, ckpt_path: Path,
                    step_log: list | None = None) -> tuple[TextClassifier, list[dict]]:
     """One classifier: encoder weights from an LM state_dict (None: random init), then gradual unfreezing."""
     hp = p.classifier
@@ -279,7 +279,7 @@ def fit_classifier(p: Params, paths: Paths, direction: str, encoder_from: Path |
     bs = min(hp.bs, max(8, len(dtr) // 10))  # few labels: smaller batches, so every epoch has ~10 steps
     train = ClassificationLoader(dtr, ytr, bs, train=True, pad_id=PAD_ID, backwards=backwards, seed=hp.seed)
     valid = ClassificationLoader(dva, yva, p.evaluate.batch_size, train=False, pad_id=PAD_ID, backwards=backwards)
-    history = train_classifier(model, train, valid, hp, ckpt_path=paths.art("train_classifier", ckpt_name),
+    history = train_classifier(model, train, valid, hp, ckpt_path=ckpt_path,
                                fingerprint=_fingerprint("clas", asdict(hp), asdict(p.model), data_id, direction),
                                step_log=step_log)
     return model, history
@@ -293,7 +293,7 @@ def classify(p: Params, paths: Paths = Paths()) -> dict:
         t0 = time.perf_counter()
         log: list[dict] = []
         model, history = fit_classifier(p, paths, direction, paths.art("finetune_lm", f"lm-{direction}.pt"),
-                                        f"checkpoint-{direction}.pt", log)
+                                        paths.art("train_classifier", f"checkpoint-{direction}.pt"), log)
         states[direction] = model.state_dict()
         rows += [dict(direction=direction, **r) for r in history]
         steps = steps or log
@@ -349,12 +349,15 @@ def evaluate(p: Params, paths: Paths = Paths()) -> dict:
             probs[variant] = Predictor.from_dir(bundle, directions, p.evaluate.batch_size).predict_proba(texts)
         else:  # ablations: the same classifier recipe from a random or an untuned-LM encoder
             source = None if variant == "scratch" else paths.art("pretrain", "lm-fwd.pt")
-            model, _ = fit_classifier(p, paths, "fwd", source, f"checkpoint-{variant}.pt")
+            # checkpoints in evaluate's own folder: train_classifier's outputs stay untouched
+            model, _ = fit_classifier(p, paths, "fwd", source, paths.art("evaluate", f"checkpoint-{variant}.pt"))
             tok = Tokenizer.load(paths.art("tokenize", "spm.model"))
             loader = ClassificationLoader(Docs.from_lists(tok.encode(texts)), None, p.evaluate.batch_size,
                                           train=False, pad_id=PAD_ID)
             probs[variant] = softmax(classifier_logits(model, loader))
         timings[variant] = time.perf_counter() - t0
+    with atomic_path(paths.art("evaluate", "probabilities.npz")) as tmp, open(tmp, "wb") as f:
+        np.savez(f, y=y, **probs)  # per-variant test probabilities, for later ensembles and error analysis
     results = {}
     for variant, pr in probs.items():
         m = classification_metrics(y, pr.argmax(1), classes)
@@ -387,7 +390,8 @@ def stage_params(p: Params, stage: str) -> dict:
     sections = {
         "prepare": {"data": s("data")},
         "tokenize": {"data": {k: s("data")[k] for k in data_keys["tokenize"]}, "tokenizer": s("tokenizer")},
-        "pretrain": {"model": s("model"), "pretrain": s("pretrain"), "data": {"lm_eval": s("data")["lm_eval"]}},
+        "pretrain": {"model": s("model"), "pretrain": s("pretrain"),
+                     "data": {k: s("data")[k] for k in ("lm_eval", "encoding", "general_doc_per")}},
         "finetune_lm": {"model": s("model"), "finetune_lm": s("finetune_lm")},
         "train_classifier": {"model": s("model"), "classifier": s("classifier"),
                              "evaluate": {"batch_size": s("evaluate")["batch_size"]}},
@@ -424,7 +428,7 @@ def stage_outputs(p: Params, stage: str, paths: Paths = Paths()) -> list[Path]:
         "pretrain": [a("pretrain", f"lm-{x}.pt") for x in dirs],
         "finetune_lm": [a("finetune_lm", f"lm-{x}.pt") for x in dirs],
         "train_classifier": [a("train_classifier", "model")],
-        "evaluate": [],
+        "evaluate": [a("evaluate", "probabilities.npz")],
     }
     return outputs[stage] + [paths.metrics(stage)]
 
