@@ -61,7 +61,10 @@ def ulmfit_flow(params_path: str = "params.yaml", overrides: list[str] | None = 
         evaluation = results["evaluate"]
         summary["variants"] = evaluation["variants"]
         summary["champion_candidate"] = evaluation["champion_candidate"]
-        if promote and evaluation["champion_candidate"]:
+        retrained = summary["stages"]["train_classifier"]["state"] != "Cached"
+        if promote and evaluation["champion_candidate"] and not retrained and _registered(p):
+            logger.info("classifier unchanged (cached): no new model version; the registry stays as it is")
+        elif promote and evaluation["champion_candidate"]:
             version, _ = register_classifier(p, evaluation, root_path)
             decision = promote_task(p, version, evaluation)
             summary["registered_version"] = version
@@ -70,6 +73,16 @@ def ulmfit_flow(params_path: str = "params.yaml", overrides: list[str] | None = 
             logger.info(f"model {p.registry.model_name} v{version}: "
                         f"{'promoted to champion' if decision.promoted else 'stays challenger'} ({decision.reason})")
     return summary
+
+
+def _registered(p: Params) -> bool:
+    """Whether the registry already holds a version of this model (a cached rerun then registers nothing)."""
+    from mlflow import MlflowClient
+
+    from tasks.tracking import tracking_uri
+
+    return bool(MlflowClient(tracking_uri=tracking_uri()).search_model_versions(f"name='{p.registry.model_name}'",
+                                                                                max_results=1))
 
 
 def run_stage_tasks(p: Params, paths: Paths, log_to_mlflow: bool = True) -> tuple[dict, dict]:

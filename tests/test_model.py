@@ -170,3 +170,18 @@ def test_vocab_transfer_copies_shared_rows_and_mean_initialises_new_ones():
     target = LanguageModel(lm_config(5, emb_size=E, hidden_size=H))
     target.load_state_dict(state)  # shapes fit the new vocabulary
     assert target.decoder.weight is target.encoder.embed.weight
+
+
+def test_classifier_predictions_are_thread_safe():
+    """A model server calls predict from many threads; no state may be shared between calls."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = small_classifier(bptt=4).eval()
+    torch.manual_seed(1)
+    batches = [torch.randint(4, V, (3, 10 + i)) for i in range(16)]
+    lengths = [torch.tensor([x.size(1)] * 3) for x in batches]
+    with torch.no_grad():
+        alone = [model(x, n) for x, n in zip(batches, lengths)]
+        with ThreadPoolExecutor(8) as pool:
+            together = list(pool.map(lambda args: model(*args), zip(batches, lengths)))
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(alone, together))

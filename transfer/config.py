@@ -257,7 +257,7 @@ class EvaluateParams:
 class RegistryParams:
     model_name: str = "transfer-classifier"  # MLflow registered-model name
     metric: str = "accuracy"  # test metric that decides promotion
-    min_delta: float = 0.0  # a candidate must beat the current champion by more than this
+    min_delta: float = 0.0  # a candidate must reach the current champion + this (ties promote at 0)
     min_accuracy: float = 0.0  # and reach at least this test accuracy
 
     def __post_init__(self) -> None:

@@ -133,18 +133,26 @@ class AWDLSTM(nn.Module):
         return [(like.new_zeros(1, bs, rnn.module.hidden_size), like.new_zeros(1, bs, rnn.module.hidden_size))
                 for rnn in self.rnns]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (bs, T) token ids -> last layer's output (bs, T, E). Hidden state is detached (truncated BPTT)."""
+    def step(self, x: torch.Tensor, hidden: list[tuple[torch.Tensor, torch.Tensor]] | None,
+             ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """x: (bs, T) token ids, state in -> (last layer's output (bs, T, E), detached state out).
+
+        Keeps no state on the module, so concurrent callers (a model server's threads) cannot mix states.
+        """
         out = self.input_dp(self.embed_dp(x))
-        if self.hidden is None or self.hidden[0][0].size(1) != x.size(0):
-            self.hidden = self._init_hidden(x.size(0), out)
+        if hidden is None or hidden[0][0].size(1) != x.size(0):
+            hidden = self._init_hidden(x.size(0), out)
         new_hidden = []
         for i, rnn in enumerate(self.rnns):
-            out, h = rnn(out, self.hidden[i])
-            new_hidden.append((h[0].detach(), h[1].detach()))
+            out, h = rnn(out, hidden[i])
+            new_hidden.append((h[0].detach(), h[1].detach()))  # truncated BPTT
             if i < len(self.hidden_dps):
                 out = self.hidden_dps[i](out)
-        self.hidden = new_hidden
+        return out, new_hidden
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Stateful form for language modelling: the state is carried across calls until `reset()`."""
+        out, self.hidden = self.step(x, self.hidden)
         return out
 
 
@@ -201,22 +209,20 @@ class TextClassifier(nn.Module):
         Only each document's last `max_len` tokens are pooled; chunks that hold none of them run without
         gradients (BPT3C). Right padding keeps real-token outputs independent of how much padding follows.
         """
-        self.encoder.reset()
         T = x.size(1)
         window_start = (lengths - self.max_len).clamp(min=0)
-        outs, positions = [], []
+        outs, positions, hidden = [], [], None
         for i in range(0, T, self.bptt):
             j = min(i + self.bptt, T)
             needed = bool(((window_start < j) & (lengths > i)).any())
             with torch.set_grad_enabled(needed and torch.is_grad_enabled()):
-                o = self.encoder(x[:, i:j])
+                o, hidden = self.encoder.step(x[:, i:j], hidden)
             if needed:
                 outs.append(o)
                 positions.append(torch.arange(i, j, device=x.device))
         out, pos = torch.cat(outs, dim=1), torch.cat(positions)
         mask = (pos[None, :] >= window_start[:, None]) & (pos[None, :] < lengths[:, None])
         last_idx = torch.searchsorted(pos, (lengths - 1).contiguous())
-        self.encoder.reset()
         return concat_pool(out.float(), mask, last_idx)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
