@@ -13,7 +13,7 @@ import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
-MAX_CHARS = 100_000  # longer texts are cut: the classifier pools only each document's last tokens anyway
+MAX_CHARS = 20_000  # longer texts keep their end: the classifier pools only the last max_len (1,440) tokens
 
 
 def _texts(model_input) -> list[str]:
