@@ -6,12 +6,8 @@ started): terminate, then kill after a timeout.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,10 +15,10 @@ import httpx
 import pytest
 
 from tests.conftest import make_workspace
+from tests.processes import BIN, clean_env, free_port, start, stop, tail
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent  # the venv's console scripts: transfer, prefect
 CRON = "0 3 * * *"
 READY_S = 120  # server start-up / deployment registration on a loaded 2-core machine
 RUN_S = 480  # the tiny pipeline takes 1-3 minutes here, plus the runner's polling
@@ -30,50 +26,6 @@ RUN_S = 480  # the tiny pipeline takes 1-3 minutes here, plus the runner's polli
 FAST = ["model.directions=[fwd]", "evaluate.variants=[ulmfit_fwd]", "pretrain.max_tokens=3000",
         "finetune_lm.max_tokens=2000", "finetune_lm.freeze_epochs=0", "classifier.unfreeze_epochs=[1]"]
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def clean_env(home: Path, **extra: str) -> dict[str, str]:
-    """This environment without any Prefect/MLflow settings, the venv first on PATH, a private PREFECT_HOME."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
-    home.mkdir(parents=True, exist_ok=True)
-    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", PREFECT_HOME=str(home), OMP_NUM_THREADS="1",
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false", PYTHONUNBUFFERED="1", **extra)
-    return env
-
-
-def start(cmd: list[str], env: dict, cwd: Path, log: Path) -> subprocess.Popen:
-    """Start `cmd` in a new session (its own process group), output to `log`."""
-    with open(log, "wb") as out:
-        return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(proc: subprocess.Popen, timeout: float = 20) -> None:
-    """SIGTERM the process group we started (its id is proc.pid), SIGKILL it after `timeout` seconds."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=timeout)
-            if sig == signal.SIGTERM:  # the leader is gone; make sure no child (a flow-run process) outlives it
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def tail(log: Path, n: int = 3000) -> str:
-    return log.read_text(errors="replace")[-n:] if log.exists() else ""
 
 
 def poll(what: str, fn, timeout: float, procs: dict[str, tuple[subprocess.Popen, Path]], every: float = 2):
