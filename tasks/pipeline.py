@@ -60,13 +60,16 @@ def _history_rows(path: Path) -> list[dict]:
 def log_stage(stage: str, params: Params, result: dict, cached: bool, root: Path) -> str:
     """A nested MLflow run for the stage: params section, input digests, metrics, curves, plots."""
     paths = Paths(root)
-    inputs = {str(p): p for p in stage_inputs(params, stage, paths) if p.exists()}
+    # a cache hit logs params and metrics only: its inputs, curves and plots are in the run that computed it
+    inputs = {} if cached else {str(p): p for p in stage_inputs(params, stage, paths) if p.exists()}
     with stage_run(stage, stage_params(params, stage), inputs=inputs) as run:
         mlflow.set_tag("cache", "hit" if cached else "miss")
         scalars = {k: v for k, v in flatten(_scalar_metrics(stage, result.get("metrics", {}))).items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if scalars:
             mlflow.log_metrics(scalars)
+        if cached:
+            return run.info.run_id
         if stage in HISTORY:
             log_metrics_history(_history_rows(paths.plot(HISTORY[stage])), step_key="row")
         for png in PLOTS.get(stage, []):

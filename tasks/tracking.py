@@ -61,8 +61,29 @@ def _client() -> MlflowClient:
     return MlflowClient(tracking_uri=tracking_uri())
 
 
+def init_store() -> None:
+    """Create a missing SQLite tracking store atomically: migrate a temp file, then rename it into place.
+
+    MLflow migrates a new database in many steps; a process killed midway would leave a store that every
+    later run fails to open ("table ... already exists").
+    """
+    uri = tracking_uri()
+    if not uri.startswith("sqlite:///"):
+        return
+    db = Path(uri.removeprefix("sqlite:///").split("?")[0])
+    if db.exists() or str(db) == ":memory:":
+        return
+    tmp = db.with_name(f".{db.name}.tmp-{os.getpid()}")
+    try:
+        MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments(max_results=1)
+        os.replace(tmp, db)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def ensure_experiment(name: str, artifact_location: str | Path) -> str:
     """The id of experiment `name`, created (artifacts under `artifact_location`) or restored if needed."""
+    init_store()
     client = _client()
     experiment = client.get_experiment_by_name(name)
     if experiment is None:

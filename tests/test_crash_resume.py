@@ -31,8 +31,9 @@ def _env(ws: Path) -> dict:
 
 def _run(ws: Path, kill_after: float | None = None) -> int | None:
     """`transfer run --no-promote` in ws; SIGKILL its whole process group after `kill_after` s. -> exit code, None if killed."""
-    proc = subprocess.Popen([TRANSFER, "run", "--no-promote"], cwd=ws, env=_env(ws), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    log = open(ws / "run.log", "ab")
+    proc = subprocess.Popen([TRANSFER, "run", "--no-promote"], cwd=ws, env=_env(ws), stdout=log, stderr=log,
+                            start_new_session=True)
     try:
         proc.wait(timeout=kill_after if kill_after is not None else 900)
         return proc.returncode
@@ -42,6 +43,8 @@ def _run(ws: Path, kill_after: float | None = None) -> int | None:
         os.killpg(proc.pid, signal.SIGKILL)  # the run and its temporary Prefect server die together
         proc.wait()
         return None
+    finally:
+        log.close()
 
 
 def _variants(ws: Path) -> dict:
@@ -62,14 +65,14 @@ def test_runs_killed_at_random_moments_resume_to_the_uninterrupted_result(tmp_pa
         if code is None:
             kills += 1
         else:  # finished before the kill: start over so that later kills land in training stages too
-            assert code == 0
+            assert code == 0, (ws / "run.log").read_text()[-3000:]
             for stage in ("pretrain", "finetune_lm", "train_classifier"):
                 for f in (ws / "artifacts" / stage).glob("*"):
                     f.unlink()
             (ws / "metrics" / "evaluate.json").unlink()
         for ck in ws.glob("artifacts/*/checkpoint-*.pt"):  # a kill mid-write leaves the old checkpoint whole
             torch.load(ck, weights_only=True)
-    assert _run(ws) == 0
+    assert _run(ws) == 0, (ws / "run.log").read_text()[-3000:]
     assert _variants(ws) == _variants(straight)
     for stage in ("pretrain", "finetune_lm"):
         a = torch.load(straight / "artifacts" / stage / "lm-fwd.pt", weights_only=True)
