@@ -14,13 +14,13 @@ import torch
 
 from transfer.errors import TransferError
 from transfer.io_utils import atomic_path
+from transfer.tokenizer import BOS_ID  # every document starts with it
 
 __all__ = [
     "write_token_stream", "load_token_stream", "LMLoader", "Docs", "SortishSampler", "sorted_batches",
     "pad_batch", "ClassificationLoader",
 ]
 
-BOS_ID = 2  # mirrors transfer.tokenizer.BOS_ID; every document starts with it
 
 
 def _stream_dtype(vocab_size: int) -> np.dtype:
@@ -136,9 +136,6 @@ class Docs:
     @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
-
-    def subset(self, idx: np.ndarray) -> "Docs":
-        return Docs.from_lists([self[i][1:].tolist() for i in idx], bos_id=int(self.ids[0]))
 
     def save(self, path: Path) -> Path:
         with atomic_path(path) as tmp:
