@@ -49,7 +49,7 @@ def test_dataclass_defaults_are_the_real_data_values():
     assert (p.finetune_lm.epochs, p.finetune_lm.freeze_epochs) == (2, 1)
     assert (p.classifier.lr, p.classifier.drop_mult, p.classifier.max_len) == (1e-2, 0.5, 1440)
     assert p.classifier.unfreeze_epochs == [1, 1, 1, 2] and p.classifier.epochs == 5
-    assert p.evaluate.variants == ["tfidf", "ulmfit_fwd", "ulmfit_bwd", "ulmfit_ensemble"]
+    assert p.evaluate.variants == ["tfidf", "ulmfit_fwd", "ulmfit_bwd", "ulmfit_ensemble", "ulmfit+tfidf"]
 
 
 def test_missing_sections_and_keys_take_the_defaults(tmp_path):

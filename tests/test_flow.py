@@ -46,7 +46,7 @@ def test_first_run_completes_every_stage_and_registers_a_champion(first_run):
     assert states(summary) == {s: "Completed" for s in STAGES}
     assert summary["run_name"].startswith("train-awd16x32-v200-fwd+bwd")
     evaluation = json.loads((ws / "metrics" / "evaluate.json").read_text())
-    assert set(evaluation["variants"]) == {"tfidf", "ulmfit_fwd", "ulmfit_bwd", "ulmfit_ensemble"}
+    assert set(evaluation["variants"]) == {"tfidf", "ulmfit_fwd", "ulmfit_bwd", "ulmfit_ensemble", "ulmfit+tfidf"}
     assert summary["promotion"]["promoted"] and summary["registered_version"] == "1"
     client = MlflowClient(tracking_uri=f"sqlite:///{ws / 'mlflow.db'}")
     assert client.get_registered_model("transfer-classifier").aliases["champion"] == 1
@@ -88,7 +88,7 @@ def test_sample_efficiency_reuses_the_cached_lms_and_writes_curve(first_run):
     ws, _ = first_run
     rows = run_sample_efficiency(["40", "all"], [0, 1])
     assert {(r["budget"], r["seed"]) for r in rows} == {("40", 0), ("40", 1), ("all", 0), ("all", 1)}
-    assert {r["variant"] for r in rows} == {"tfidf", "ulmfit_fwd", "ulmfit_bwd", "ulmfit_ensemble"}
+    assert {r["variant"] for r in rows} == {"tfidf", "ulmfit_fwd", "ulmfit_bwd", "ulmfit_ensemble", "ulmfit+tfidf"}
     assert all(r["n_labels"] == 40 for r in rows if r["budget"] == "40")
     assert all(r["lm_cache"] == "tokenize=Cached,pretrain=Cached,finetune_lm=Cached" for r in rows), \
         "label budgets never retrain the tokenizer or the language models"

@@ -43,7 +43,7 @@ __all__ = [
     "flatten",
 ]
 
-VARIANTS = ("tfidf", "scratch", "no_lm_tuning", "ulmfit_fwd", "ulmfit_bwd", "ulmfit_ensemble")
+VARIANTS = ("tfidf", "scratch", "no_lm_tuning", "ulmfit_fwd", "ulmfit_bwd", "ulmfit_ensemble", "ulmfit+tfidf")
 
 
 class _Invalid(TransferError):
@@ -163,7 +163,7 @@ class TrainParams:
     checkpoint_every: int = 200  # optimiser steps between resumable checkpoints
     early_stop_patience: int | None = None  # evaluations without improvement before stopping; None: never
     seed: int = 0
-    precision: str = "auto"  # "auto": bf16 autocast on a GPU that supports it, else fp32
+    precision: str = "auto"  # "auto": bf16 autocast on a GPU or a bf16-capable CPU, else fp32
 
     def __post_init__(self) -> None:
         _at_least(self.bs, "bs", 1)
@@ -242,7 +242,8 @@ class ClassifierParams(TrainParams):
 
 @dataclass(frozen=True)
 class EvaluateParams:
-    variants: list[str] = field(default_factory=lambda: ["tfidf", "ulmfit_fwd", "ulmfit_bwd", "ulmfit_ensemble"])
+    variants: list[str] = field(default_factory=lambda: ["tfidf", "ulmfit_fwd", "ulmfit_bwd", "ulmfit_ensemble",
+                                                          "ulmfit+tfidf"])
     batch_size: int = 64  # documents per inference batch
 
     def __post_init__(self) -> None:

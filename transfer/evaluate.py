@@ -16,13 +16,32 @@ from transfer.model import AWDLSTMConfig, TextClassifier
 from transfer.tokenizer import PAD_ID, Tokenizer
 from transfer.train import classifier_logits, load_checkpoint, pick_device
 
-__all__ = ["classification_metrics", "softmax", "save_classifier", "Predictor"]
+__all__ = ["classification_metrics", "softmax", "fit_temperature", "calibrated_average", "save_classifier", "Predictor"]
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
     z = logits - logits.max(axis=1, keepdims=True)
     e = np.exp(z)
     return e / e.sum(axis=1, keepdims=True)
+
+
+def fit_temperature(proba: np.ndarray, y: np.ndarray) -> float:
+    """The temperature T minimising the NLL of `proba ** (1/T)` (renormalised) on held-out labels `y`."""
+    logp = np.log(np.clip(proba, 1e-12, 1.0))
+    grid = np.exp(np.linspace(np.log(0.05), np.log(20.0), 121))
+
+    def nll(t: float) -> float:
+        z = logp / t
+        z = z - z.max(axis=1, keepdims=True)
+        return float(-(z[np.arange(len(y)), y] - np.log(np.exp(z).sum(axis=1))).mean())
+
+    return float(min(grid, key=nll))
+
+
+def calibrated_average(probas: list[np.ndarray], temperatures: list[float]) -> np.ndarray:
+    """Average of temperature-scaled probabilities: members with different confidence scales count equally."""
+    scaled = [softmax(np.log(np.clip(p, 1e-12, 1.0)) / t) for p, t in zip(probas, temperatures)]
+    return np.mean(scaled, axis=0)
 
 
 def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, classes: list[str]) -> dict:

@@ -21,7 +21,9 @@ import torch
 from transfer.config import Params
 from transfer.data import ClassificationLoader, Docs, LMLoader, load_token_stream, write_token_stream
 from transfer.errors import TransferError
-from transfer.evaluate import Predictor, classification_metrics, save_classifier, softmax
+from transfer.evaluate import (
+    Predictor, calibrated_average, classification_metrics, fit_temperature, save_classifier, softmax,
+)
 from transfer.io_utils import atomic_path, file_digest, write_csv, write_json
 from transfer.model import LanguageModel, TextClassifier, classifier_config, lm_config
 from transfer.plots import plot_confusion, plot_history, plot_lr_schedule
@@ -312,8 +314,11 @@ def classify(p: Params, paths: Paths = Paths()) -> dict:
 
 # --- evaluate ---------------------------------------------------------------------------------------
 
-def tfidf_proba(train: pd.DataFrame, test_texts: list[str], classes: list[str], seed: int = 0) -> np.ndarray:
-    """TF-IDF (word 1-2-grams + char 2-5-grams, sublinear tf, case kept) + logistic regression."""
+def tfidf_proba(train: pd.DataFrame, text_sets: list[list[str]], classes: list[str], seed: int = 0) -> list[np.ndarray]:
+    """TF-IDF (word 1-2-grams + char 2-5-grams, sublinear tf, case kept) + logistic regression.
+
+    Fitted once on `train`; returns class probabilities (columns in `classes` order) for each text set.
+    """
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline, make_union
@@ -324,30 +329,48 @@ def tfidf_proba(train: pd.DataFrame, test_texts: list[str], classes: list[str], 
     )
     clf = make_pipeline(features, LogisticRegression(C=10.0, max_iter=2000, random_state=seed))
     clf.fit(list(train["text"]), list(train["label"]))
-    proba = clf.predict_proba(test_texts)
     order = [list(clf.classes_).index(c) for c in classes]
-    return proba[:, order]
+    return [clf.predict_proba(texts)[:, order] for texts in text_sets]
+
+
+def _ulmfit_members(variants: list[str], directions: list[str]) -> list[str]:
+    """The directions a ULMFiT variant averages; `ulmfit+tfidf` uses every trained direction."""
+    return [[v.split("_")[1]] if v in ("ulmfit_fwd", "ulmfit_bwd") else list(directions) for v in variants]
 
 
 def evaluate(p: Params, paths: Paths = Paths()) -> dict:
-    """Every requested variant on the same test split; the best ULMFiT variant is the champion candidate."""
+    """Every requested variant on the same test split; the best ULMFiT variant is the champion candidate.
+
+    `ulmfit+tfidf` averages the ULMFiT ensemble's and TF-IDF's probabilities after temperature-scaling each
+    on the validation rows (labelled training rows held out from tuning), so neither member dominates by
+    being more confident.
+    """
     prep = json.loads(paths.metrics("prepare").read_text())
     classes = prep["classes"]
-    test = pd.read_csv(paths.art("prepare", "test.csv"), dtype=str, keep_default_na=False)
-    y = test["label"].map({c: i for i, c in enumerate(classes)}).to_numpy()
-    texts = list(test["text"])
+    index = {c: i for i, c in enumerate(classes)}
+    frames = {s: pd.read_csv(paths.art("prepare", f"{s}.csv"), dtype=str, keep_default_na=False)
+              for s in ("train", "valid", "test")}
+    y, y_valid = (frames[s]["label"].map(index).to_numpy() for s in ("test", "valid"))
+    texts, valid_texts = list(frames["test"]["text"]), list(frames["valid"]["text"])
     bundle = paths.art("train_classifier", "model")
+    variants = list(p.evaluate.variants)
     probs: dict[str, np.ndarray] = {}
     timings: dict[str, float] = {}
-    for variant in p.evaluate.variants:
+    mixed = "ulmfit+tfidf" in variants
+    valid_probs: dict[str, np.ndarray] = {}
+    for variant in variants:
         t0 = time.perf_counter()
-        if variant == "tfidf":
-            train = pd.read_csv(paths.art("prepare", "train.csv"), dtype=str, keep_default_na=False)
-            probs[variant] = tfidf_proba(train, texts, classes, p.data.seed)
-        elif variant.startswith("ulmfit_"):
-            directions = ["fwd", "bwd"] if variant == "ulmfit_ensemble" else [variant.split("_")[1]]
-            probs[variant] = Predictor.from_dir(bundle, directions, p.evaluate.batch_size).predict_proba(texts)
-        else:  # ablations: the same classifier recipe from a random or an untuned-LM encoder
+        if variant == "tfidf" or (variant == "ulmfit+tfidf" and "tfidf" not in probs):
+            probs["tfidf"], valid_probs["tfidf"] = tfidf_proba(frames["train"], [texts, valid_texts], classes,
+                                                               p.data.seed)
+        if variant.startswith("ulmfit"):
+            directions = _ulmfit_members([variant], p.model.directions)[0]
+            predictor = Predictor.from_dir(bundle, directions, p.evaluate.batch_size)
+            key = variant if variant != "ulmfit+tfidf" else "ulmfit_all"
+            probs[key] = predictor.predict_proba(texts)
+            if mixed:
+                valid_probs[key] = predictor.predict_proba(valid_texts)
+        elif variant in ("scratch", "no_lm_tuning"):  # the same classifier recipe from a random or untuned encoder
             source = None if variant == "scratch" else paths.art("pretrain", "lm-fwd.pt")
             # checkpoints in evaluate's own folder: train_classifier's outputs stay untouched
             model, _ = fit_classifier(p, paths, "fwd", source, paths.art("evaluate", f"checkpoint-{variant}.pt"))
@@ -355,7 +378,12 @@ def evaluate(p: Params, paths: Paths = Paths()) -> dict:
             loader = ClassificationLoader(Docs.from_lists(tok.encode(texts)), None, p.evaluate.batch_size,
                                           train=False, pad_id=PAD_ID)
             probs[variant] = softmax(classifier_logits(model, loader))
+        if variant == "ulmfit+tfidf":
+            members = ["ulmfit_all", "tfidf"]
+            temps = [fit_temperature(valid_probs[m], y_valid) for m in members]
+            probs[variant] = calibrated_average([probs[m] for m in members], temps)
         timings[variant] = time.perf_counter() - t0
+    probs = {v: probs[v] for v in variants}  # helper entries (a tfidf fit only for the mix) are not results
     with atomic_path(paths.art("evaluate", "probabilities.npz")) as tmp, open(tmp, "wb") as f:
         np.savez(f, y=y, **probs)  # per-variant test probabilities, for later ensembles and error analysis
     results = {}
@@ -363,7 +391,7 @@ def evaluate(p: Params, paths: Paths = Paths()) -> dict:
         m = classification_metrics(y, pr.argmax(1), classes)
         results[variant] = dict(accuracy=m["accuracy"], error_rate=m["error_rate"], macro_f1=m["macro_f1"],
                                 seconds=timings[variant], full=m)
-    ulmfit = [v for v in results if v.startswith("ulmfit_")]
+    ulmfit = [v for v in results if v.startswith("ulmfit_")]  # the champion is a pure ULMFiT bundle
     champion = max(ulmfit, key=lambda v: results[v]["accuracy"]) if ulmfit else None
     if champion:
         best = results[champion]["full"]

@@ -1,0 +1,55 @@
+"""Calibration and the ulmfit+tfidf mix: temperature scaling fitted on held-out labels."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transfer.evaluate import calibrated_average, fit_temperature, softmax
+
+
+def _sample(rng: np.random.Generator, n: int, k: int, true_t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Labels drawn from softmax(logits); a model reports softmax(logits / true_t) (mis-calibrated by true_t)."""
+    logits = rng.normal(0, 2.0, (n, k))
+    y = np.array([rng.choice(k, p=p) for p in softmax(logits)])
+    return softmax(logits / true_t), softmax(logits), y
+
+
+@pytest.mark.parametrize("true_t", [0.25, 4.0])
+def test_fit_temperature_undoes_a_known_miscalibration(true_t):
+    reported, _, y = _sample(np.random.default_rng(0), 4000, 4, true_t)
+    t = fit_temperature(reported, y)
+    # reported = softmax(z / true_t), so scaling its log by 1/T recovers softmax(z) at T = 1/true_t
+    assert t == pytest.approx(1 / true_t, rel=0.15)
+
+
+def test_fit_temperature_never_worsens_held_out_nll():
+    reported, _, y = _sample(np.random.default_rng(1), 2000, 3, 0.2)  # overconfident
+    nll = lambda p: -np.log(p[np.arange(len(y)), y]).mean()  # noqa: E731
+    t = fit_temperature(reported, y)
+    assert nll(calibrated_average([reported], [t])) < nll(reported) - 0.1
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 4), st.integers(2, 6), st.floats(0.05, 20), st.integers(0, 10_000))
+def test_calibrated_average_is_a_distribution(members, k, t, seed):
+    rng = np.random.default_rng(seed)
+    probas = [softmax(rng.normal(0, 5, (7, k))) for _ in range(members)]
+    out = calibrated_average(probas, [t] * members)
+    assert out.shape == (7, k)
+    assert np.allclose(out.sum(axis=1), 1.0) and (out >= 0).all()
+
+
+def test_calibration_keeps_an_overconfident_member_from_dominating():
+    rng = np.random.default_rng(2)
+    n, k = 3000, 4
+    y = rng.integers(0, k, n)
+    good = softmax(np.eye(k)[y] * 1.5 + rng.normal(0, 1, (n, k)))  # right ~75%, modest confidence
+    bad_logits = rng.normal(0, 1, (n, k)) * 20  # near-random and very confident
+    bad = softmax(bad_logits)
+    acc = lambda p: (p.argmax(1) == y).mean()  # noqa: E731
+    naive = np.mean([good, bad], axis=0)
+    temps = [fit_temperature(good, y), fit_temperature(bad, y)]
+    calibrated = calibrated_average([good, bad], temps)
+    assert acc(calibrated) > acc(naive) + 0.1
+    assert acc(calibrated) >= acc(good) - 0.02
