@@ -12,7 +12,7 @@ from transfer.data import ClassificationLoader, Docs, LMLoader
 from transfer.errors import TransferError
 from transfer.model import LanguageModel, TextClassifier, classifier_config, lm_config
 from transfer.train import (
-    Phase, _lm_step, finetune_lm, load_checkpoint, lr_find, pretrain_lm, train_classifier, unfreezing_phases,
+    Phase, _lm_step, autocast, cpu_supports_bf16, finetune_lm, load_checkpoint, lr_find, pretrain_lm, train_classifier, unfreezing_phases,
 )
 
 V = 40
@@ -169,3 +169,19 @@ def test_lr_find_sweeps_exponentially_and_restores_weights():
     assert min(losses) < losses[0] and 1e-6 < suggestion < 10
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+@pytest.mark.parametrize("precision", ["auto", "fp32", "bf16"])
+def test_precision_param_picks_bf16_only_where_asked_or_supported(precision):
+    cpu = torch.device("cpu")
+    expect_bf16 = precision == "bf16" or (precision == "auto" and cpu_supports_bf16())
+    with autocast(cpu, precision):
+        out = torch.ones(4, 4) @ torch.ones(4, 4)
+    assert out.dtype == (torch.bfloat16 if expect_bf16 else torch.float32)
+
+
+def test_bf16_training_keeps_fp32_weights():
+    model, stream = small_lm(), markov_stream(4000)
+    hp = replace(LM_HP, epochs=1, precision="bf16")
+    pretrain_lm(model, LMLoader(stream, hp.bs, hp.bptt), None, hp, progress=False)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
