@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,7 +69,7 @@ def test_runs_killed_at_random_moments_resume_to_the_uninterrupted_result(tmp_pa
             assert code == 0, (ws / "run.log").read_text()[-3000:]
             for stage in ("pretrain", "finetune_lm", "train_classifier"):
                 for f in (ws / "artifacts" / stage).glob("*"):
-                    f.unlink()
+                    shutil.rmtree(f) if f.is_dir() else f.unlink()  # the classifier bundle is a folder
             (ws / "metrics" / "evaluate.json").unlink()
         for ck in ws.glob("artifacts/*/checkpoint-*.pt"):  # a kill mid-write leaves the old checkpoint whole
             torch.load(ck, weights_only=True)
