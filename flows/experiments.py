@@ -10,7 +10,7 @@ from prefect import flow, get_run_logger
 
 from flows.ulmfit import ensure_demo_data, run_name, run_stage_tasks
 from tasks.cache import cache_dir
-from tasks.tracking import ensure_experiment, log_figure_png, start_pipeline_run
+from tasks.tracking import ensure_experiment, log_figure_png, metric_key, start_pipeline_run
 from transfer.config import load_params
 from transfer.io_utils import write_csv, write_json
 from transfer.plots import plot_sample_efficiency
@@ -51,7 +51,7 @@ def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | 
                     rows.append(dict(variant=variant, budget=budget, n_labels=n_labels, seed=seed,
                                      error=m["error_rate"], accuracy=m["accuracy"], macro_f1=m["macro_f1"],
                                      lm_cache=",".join(f"{k}={v}" for k, v in lm_states.items())))
-                    mlflow.log_metric(f"{variant}.error.b{budget}", m["error_rate"], step=seed)
+                    mlflow.log_metric(metric_key(f"{variant}.error.b{budget}"), m["error_rate"], step=seed)
         csv_path = write_csv(paths.plot("sample_efficiency.csv"), rows)
         png = plot_sample_efficiency(rows, paths.plot("sample_efficiency.png"),
                                      "test error vs labelled examples (mean, min-max over seeds)")

@@ -14,7 +14,7 @@ import transfer
 
 from tasks.cache import content_cache_policy, record_outputs
 from tasks.registry import Decision, promote
-from tasks.tracking import log_figure_png, log_metrics_history, stage_run
+from tasks.tracking import log_figure_png, log_metrics_history, metric_key, stage_run
 from transfer.config import Params, flatten
 from transfer.stages import Paths, run_stage, stage_inputs, stage_outputs, stage_params
 
@@ -64,7 +64,7 @@ def log_stage(stage: str, params: Params, result: dict, cached: bool, root: Path
     inputs = {} if cached else {str(p): p for p in stage_inputs(params, stage, paths) if p.exists()}
     with stage_run(stage, stage_params(params, stage), inputs=inputs) as run:
         mlflow.set_tag("cache", "hit" if cached else "miss")
-        scalars = {k: v for k, v in flatten(_scalar_metrics(stage, result.get("metrics", {}))).items()
+        scalars = {metric_key(k): v for k, v in flatten(_scalar_metrics(stage, result.get("metrics", {}))).items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if scalars:
             mlflow.log_metrics(scalars)

@@ -40,6 +40,7 @@ __all__ = [
     "log_dataset",
     "log_metrics_history",
     "log_figure_png",
+    "metric_key",
 ]
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
@@ -49,7 +50,14 @@ _BATCH = 1000  # MLflow's limit on metrics per log_batch call
 # a key component ending in one of these words is a secret: hf_token, db_password, aws_access_key_id (not max_tokens)
 _SECRET = re.compile(r"(^|_)(token|secret|password|passwd|credentials?|(api|access|private|secret|auth)_?key(_id)?)$")
 
+_METRIC_NAME_BAD = re.compile(r"[^A-Za-z0-9_\-. :/]")  # what MLflow refuses in a metric name
+
 _pipeline_run_id: str | None = None  # this process's pipeline run, for stages running in other threads
+
+
+def metric_key(name: str) -> str:
+    """`name` as MLflow accepts it: a variant such as `ulmfit+tfidf` logs as `ulmfit_plus_tfidf`."""
+    return _METRIC_NAME_BAD.sub("_", name.replace("+", "_plus_"))
 
 
 def tracking_uri() -> str:

@@ -18,6 +18,7 @@ from tasks.tracking import (
     log_figure_png,
     log_metrics_history,
     loggable_params,
+    metric_key,
     start_pipeline_run,
     stage_run,
     tracking_uri,
@@ -148,6 +149,16 @@ def test_metrics_history_logs_every_numeric_column_at_its_epoch(experiment):
         (1, 1.0), (2, 0.5), (3, 1.0 / 3)
     ]
     assert set(client.get_run(run.info.run_id).data.metrics) == {"train_loss", "valid_acc"}
+
+
+def test_every_variant_name_logs_as_a_valid_and_distinct_metric(experiment):
+    from transfer.config import VARIANTS
+
+    keys = {metric_key(f"variants.{v}.accuracy") for v in VARIANTS}
+    assert len(keys) == len(VARIANTS) and "variants.ulmfit_plus_tfidf.accuracy" in keys
+    with start_pipeline_run("names", {}, experiment_id=experiment) as run:
+        mlflow.log_metrics({k: 0.5 for k in keys})  # MLflow refuses '+' in a metric name
+    assert set(MlflowClient(tracking_uri()).get_run(run.info.run_id).data.metrics) == keys
 
 
 def test_figures_and_png_files_are_logged_as_named_artifacts(experiment, tmp_path):
