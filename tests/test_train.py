@@ -12,7 +12,8 @@ from transfer.data import ClassificationLoader, Docs, LMLoader
 from transfer.errors import TransferError
 from transfer.model import LanguageModel, TextClassifier, classifier_config, lm_config
 from transfer.train import (
-    Phase, _lm_step, autocast, cpu_supports_bf16, finetune_lm, load_checkpoint, lr_find, pretrain_lm, train_classifier, unfreezing_phases,
+    Phase, _lm_step, autocast, cpu_supports_bf16, finetune_lm, load_checkpoint, lr_find, pretrain_lm,
+    train_classifier, unfreezing_phases,
 )
 
 V = 40

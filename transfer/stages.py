@@ -333,11 +333,6 @@ def tfidf_proba(train: pd.DataFrame, text_sets: list[list[str]], classes: list[s
     return [clf.predict_proba(texts)[:, order] for texts in text_sets]
 
 
-def _ulmfit_members(variants: list[str], directions: list[str]) -> list[str]:
-    """The directions a ULMFiT variant averages; `ulmfit+tfidf` uses every trained direction."""
-    return [[v.split("_")[1]] if v in ("ulmfit_fwd", "ulmfit_bwd") else list(directions) for v in variants]
-
-
 def evaluate(p: Params, paths: Paths = Paths()) -> dict:
     """Every requested variant on the same test split; the best ULMFiT variant is the champion candidate.
 
@@ -353,24 +348,38 @@ def evaluate(p: Params, paths: Paths = Paths()) -> dict:
     y, y_valid = (frames[s]["label"].map(index).to_numpy() for s in ("test", "valid"))
     texts, valid_texts = list(frames["test"]["text"]), list(frames["valid"]["text"])
     bundle = paths.art("train_classifier", "model")
-    variants = list(p.evaluate.variants)
+    split_texts = {"test": texts, "valid": valid_texts}
+    direction_probs: dict[tuple[str, str], np.ndarray] = {}  # (direction, split): each inferred once
+    tfidf: dict[str, np.ndarray] = {}  # split -> probabilities of one TF-IDF fit
+
+    def ulmfit(directions: list[str], split: str) -> np.ndarray:
+        for d in directions:
+            if (d, split) not in direction_probs:
+                predictor = Predictor.from_dir(bundle, [d], p.evaluate.batch_size)
+                direction_probs[d, split] = predictor.predict_proba(split_texts[split])
+        return np.mean([direction_probs[d, split] for d in directions], axis=0)  # as Predictor averages them
+
+    def tfidf_probs(split: str) -> np.ndarray:
+        if not tfidf:
+            tfidf["test"], tfidf["valid"] = tfidf_proba(frames["train"], [texts, valid_texts], classes, p.data.seed)
+        return tfidf[split]
+
+    directions = list(p.model.directions)
     probs: dict[str, np.ndarray] = {}
     timings: dict[str, float] = {}
-    mixed = "ulmfit+tfidf" in variants
-    valid_probs: dict[str, np.ndarray] = {}
-    for variant in variants:
+    for variant in p.evaluate.variants:
         t0 = time.perf_counter()
-        if variant == "tfidf" or (variant == "ulmfit+tfidf" and "tfidf" not in probs):
-            probs["tfidf"], valid_probs["tfidf"] = tfidf_proba(frames["train"], [texts, valid_texts], classes,
-                                                               p.data.seed)
-        if variant.startswith("ulmfit"):
-            directions = _ulmfit_members([variant], p.model.directions)[0]
-            predictor = Predictor.from_dir(bundle, directions, p.evaluate.batch_size)
-            key = variant if variant != "ulmfit+tfidf" else "ulmfit_all"
-            probs[key] = predictor.predict_proba(texts)
-            if mixed:
-                valid_probs[key] = predictor.predict_proba(valid_texts)
-        elif variant in ("scratch", "no_lm_tuning"):  # the same classifier recipe from a random or untuned encoder
+        if variant == "tfidf":
+            probs[variant] = tfidf_probs("test")
+        elif variant in ("ulmfit_fwd", "ulmfit_bwd"):
+            probs[variant] = ulmfit([variant.split("_")[1]], "test")
+        elif variant == "ulmfit_ensemble":
+            probs[variant] = ulmfit(directions, "test")
+        elif variant == "ulmfit+tfidf":
+            temps = [fit_temperature(ulmfit(directions, "valid"), y_valid),
+                     fit_temperature(tfidf_probs("valid"), y_valid)]
+            probs[variant] = calibrated_average([ulmfit(directions, "test"), tfidf_probs("test")], temps)
+        else:  # scratch, no_lm_tuning: the same classifier recipe from a random or an untuned-LM encoder
             source = None if variant == "scratch" else paths.art("pretrain", "lm-fwd.pt")
             # checkpoints in evaluate's own folder: train_classifier's outputs stay untouched
             model, _ = fit_classifier(p, paths, "fwd", source, paths.art("evaluate", f"checkpoint-{variant}.pt"))
@@ -378,12 +387,7 @@ def evaluate(p: Params, paths: Paths = Paths()) -> dict:
             loader = ClassificationLoader(Docs.from_lists(tok.encode(texts)), None, p.evaluate.batch_size,
                                           train=False, pad_id=PAD_ID)
             probs[variant] = softmax(classifier_logits(model, loader))
-        if variant == "ulmfit+tfidf":
-            members = ["ulmfit_all", "tfidf"]
-            temps = [fit_temperature(valid_probs[m], y_valid) for m in members]
-            probs[variant] = calibrated_average([probs[m] for m in members], temps)
         timings[variant] = time.perf_counter() - t0
-    probs = {v: probs[v] for v in variants}  # helper entries (a tfidf fit only for the mix) are not results
     with atomic_path(paths.art("evaluate", "probabilities.npz")) as tmp, open(tmp, "wb") as f:
         np.savez(f, y=y, **probs)  # per-variant test probabilities, for later ensembles and error analysis
     results = {}
