@@ -27,6 +27,7 @@ from transfer.evaluate import (
 from transfer.io_utils import atomic_path, file_digest, write_csv, write_json
 from transfer.model import LanguageModel, TextClassifier, classifier_config, lm_config
 from transfer.plots import plot_confusion, plot_history, plot_lr_schedule
+from transfer.pseudo import select_pseudo_labels
 from transfer.readers import iter_text_documents, read_table
 from transfer.tokenizer import PAD_ID, Tokenizer, train_tokenizer
 from transfer.train import (
@@ -66,6 +67,11 @@ def _fingerprint(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _arch(p: Params) -> dict:
+    """The model params one direction's weights depend on: adding `bwd` must not restart a finished `fwd`."""
+    return {k: v for k, v in asdict(p.model).items() if k != "directions"}
+
+
 def _seed(seed: int) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed)
@@ -92,8 +98,8 @@ def _split(df: pd.DataFrame, frac: float, seed: int, what: str, source: str) -> 
     return rest.reset_index(drop=True), out.reset_index(drop=True)
 
 
-def _subsample(df: pd.DataFrame, n: int, seed: int, source: str) -> pd.DataFrame:
-    """Stratified, seeded choice of `n` labelled rows (every class keeps at least one)."""
+def _subsample(df: pd.DataFrame, n: int, seed: int, source: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Stratified, seeded choice of `n` labelled rows (every class keeps at least one), and the rest."""
     from sklearn.model_selection import train_test_split
 
     if n > len(df):
@@ -102,9 +108,9 @@ def _subsample(df: pd.DataFrame, n: int, seed: int, source: str) -> pd.DataFrame
     if n < k:
         raise TransferError(f"data.max_train_labels is {n}, fewer than the {k} classes in {source}")
     if n == len(df):
-        return df
-    keep, _ = train_test_split(df, train_size=n, stratify=df["label"], random_state=seed)
-    return keep.reset_index(drop=True)
+        return df, df.iloc[:0]
+    keep, rest = train_test_split(df, train_size=n, stratify=df["label"], random_state=seed)
+    return keep.reset_index(drop=True), rest.reset_index(drop=True)
 
 
 def prepare(p: Params, paths: Paths = Paths()) -> dict:
@@ -123,7 +129,8 @@ def prepare(p: Params, paths: Paths = Paths()) -> dict:
         unknown = sorted(set(df["label"]) - set(classes))
         if unknown:
             raise TransferError(f"{src}: label {unknown[0]!r} occurs in the {name} rows but never in training")
-    labelled = train if d.max_train_labels is None else _subsample(train, d.max_train_labels, d.label_seed, d.train)
+    labelled, unlabelled = ((train, train.iloc[:0]) if d.max_train_labels is None
+                            else _subsample(train, d.max_train_labels, d.label_seed, d.train))
     # every training text, labelled or not, is in-domain LM text (the paper's semi-supervised setting);
     # file order, so label budgets and split seeds leave domain.txt (and the tuned LM) unchanged
     test_texts = set(test["text"]) if d.test is None else set()  # a test split cut from train stays out
@@ -140,6 +147,8 @@ def prepare(p: Params, paths: Paths = Paths()) -> dict:
     for name, df in (("train", labelled), ("valid", valid), ("test", test)):
         with atomic_path(out / f"{name}.csv") as tmp:
             df[["text", "label"]].to_csv(tmp, index=False)
+    with atomic_path(out / "unlabelled.csv") as tmp:  # the budget's unlabelled rows, for self-training: no labels
+        unlabelled[["text"]].to_csv(tmp, index=False)
     metrics = dict(classes=classes, n_train=len(labelled), n_train_unlabelled=len(train) - len(labelled),
                    n_valid=len(valid), n_test=len(test), domain_include_test=d.domain_include_test,
                    test_digest=file_digest(out / "test.csv"))
@@ -207,7 +216,7 @@ def _lm_stage(stage: str, p: Params, paths: Paths, hp, stream: np.ndarray, valid
         valid = LMLoader(stream[cut:], hp.bs, hp.bptt, backwards=backwards, variable=False)
         t0 = time.perf_counter()
         history = run(model, train, valid, hp, ckpt_path=paths.art(stage, f"checkpoint-{direction}.pt"),
-                      fingerprint=_fingerprint(stage, asdict(hp), asdict(p.model), data_id, direction))
+                      fingerprint=_fingerprint(stage, asdict(hp), _arch(p), data_id, direction))
         _save_state(paths.art(stage, f"lm-{direction}.pt"), model.state_dict())
         rows += [dict(direction=direction, **r) for r in history]
         metrics[direction] = dict(valid_ppl=history[-1]["valid_ppl"], valid_loss=history[-1]["valid_loss"],
@@ -251,24 +260,35 @@ def finetune(p: Params, paths: Paths = Paths()) -> dict:
 
 # --- classifier -------------------------------------------------------------------------------------
 
-def _labelled(paths: Paths, split: str, tok: Tokenizer, classes: list[str]) -> tuple[Docs, np.ndarray, pd.DataFrame]:
+def _labelled(paths: Paths, split: str, tok: Tokenizer, classes: list[str],
+              extra: tuple[list[str], np.ndarray] | None = None) -> tuple[Docs, np.ndarray, pd.DataFrame]:
     df = pd.read_csv(paths.art("prepare", f"{split}.csv"), dtype=str, keep_default_na=False)
     index = {c: i for i, c in enumerate(classes)}
-    return Docs.from_lists(tok.encode(list(df["text"]))), df["label"].map(index).to_numpy(), df
+    texts, y = list(df["text"]), df["label"].map(index).to_numpy()
+    if extra is not None:  # pseudo-labelled rows (text, class index) join the labelled ones
+        texts, y = texts + list(extra[0]), np.concatenate([y, np.asarray(extra[1], dtype=y.dtype)])
+    return Docs.from_lists(tok.encode(texts)), y, df
 
 
 def fit_classifier(p: Params, paths: Paths, direction: str, encoder_from: Path | None, ckpt_path: Path,
-                   step_log: list | None = None) -> tuple[TextClassifier, list[dict]]:
-    """One classifier: encoder weights from an LM state_dict (None: random init), then gradual unfreezing."""
+                   step_log: list | None = None, pseudo: tuple[list[str], np.ndarray] | None = None,
+                   ) -> tuple[TextClassifier, list[dict]]:
+    """One classifier: encoder weights from an LM state_dict (None: random init), then gradual unfreezing.
+
+    `pseudo` (texts, class indices) adds self-training rows to the labelled training rows.
+    """
     hp = p.classifier
     tok = Tokenizer.load(paths.art("tokenize", "spm.model"))
     classes = json.loads(paths.metrics("prepare").read_text())["classes"]
-    (dtr, ytr, _), (dva, yva, _) = (_labelled(paths, s, tok, classes) for s in ("train", "valid"))
+    dtr, ytr, _ = _labelled(paths, "train", tok, classes, pseudo)
+    dva, yva, _ = _labelled(paths, "valid", tok, classes)
     _seed(hp.seed)
     cfg = classifier_config(tok.vocab_size, hp.drop_mult, emb_size=p.model.emb_size,
                             hidden_size=p.model.hidden_size, n_layers=p.model.n_layers)
     model = TextClassifier(cfg, len(classes), bptt=hp.bptt, max_len=hp.max_len)
     data_id = file_digest(paths.art("prepare", "train.csv"))
+    if pseudo is not None:
+        data_id += _fingerprint(list(pseudo[0]), [int(c) for c in pseudo[1]])
     if encoder_from is not None:
         lm_state = load_checkpoint(encoder_from)
         enc = {k[len("encoder."):]: v for k, v in lm_state.items() if k.startswith("encoder.")}
@@ -282,32 +302,66 @@ def fit_classifier(p: Params, paths: Paths, direction: str, encoder_from: Path |
     train = ClassificationLoader(dtr, ytr, bs, train=True, pad_id=PAD_ID, backwards=backwards, seed=hp.seed)
     valid = ClassificationLoader(dva, yva, p.evaluate.batch_size, train=False, pad_id=PAD_ID, backwards=backwards)
     history = train_classifier(model, train, valid, hp, ckpt_path=ckpt_path,
-                               fingerprint=_fingerprint("clas", asdict(hp), asdict(p.model), data_id, direction),
+                               fingerprint=_fingerprint("clas", asdict(hp), _arch(p), data_id, direction),
                                step_log=step_log)
     return model, history
 
 
+def _predict_texts(models: dict[str, TextClassifier], texts: list[str], tok: Tokenizer, batch_size: int) -> np.ndarray:
+    """Mean class probabilities of the classifiers ({direction: model}) on raw texts."""
+    docs = Docs.from_lists(tok.encode(texts))
+    probs = []
+    for direction, model in models.items():
+        loader = ClassificationLoader(docs, None, batch_size, train=False, pad_id=PAD_ID,
+                                      backwards=direction == "bwd")
+        probs.append(softmax(classifier_logits(model, loader)))
+    return np.mean(probs, axis=0)
+
+
 def classify(p: Params, paths: Paths = Paths()) -> dict:
-    """ULMFiT classifiers (one per direction) from the domain-tuned LMs, saved as one servable bundle."""
+    """ULMFiT classifiers (one per direction) from the domain-tuned LMs, saved as one servable bundle.
+
+    Self-training (`classifier.self_train_rounds`): after each round the directions' ensemble labels the
+    budget's unlabelled training texts; the confident share joins the labelled rows and every direction is
+    retrained from its domain LM. Only the last round's classifiers are kept.
+    """
+    hp = p.classifier
     classes = json.loads(paths.metrics("prepare").read_text())["classes"]
-    states, metrics, rows, steps = {}, {}, [], []
-    for direction in p.model.directions:
-        t0 = time.perf_counter()
-        log: list[dict] = []
-        model, history = fit_classifier(p, paths, direction, paths.art("finetune_lm", f"lm-{direction}.pt"),
-                                        paths.art("train_classifier", f"checkpoint-{direction}.pt"), log)
-        states[direction] = model.state_dict()
-        rows += [dict(direction=direction, **r) for r in history]
-        steps = steps or log
-        metrics[direction] = dict(valid_accuracy=history[-1]["valid_accuracy"],
-                                  valid_loss=history[-1]["valid_loss"], train_s=time.perf_counter() - t0)
+    tok = Tokenizer.load(paths.art("tokenize", "spm.model"))
+    unlabelled = list(pd.read_csv(paths.art("prepare", "unlabelled.csv"), dtype=str, keep_default_na=False)["text"])
+    rounds = hp.self_train_rounds if unlabelled else 0
+    pseudo: tuple[list[str], np.ndarray] | None = None
+    self_training: dict[str, float] = {}
+    for r in range(rounds + 1):
+        states, metrics, rows, steps, models = {}, {}, [], [], {}
+        for direction in p.model.directions:
+            t0 = time.perf_counter()
+            log: list[dict] = []
+            name = f"checkpoint-{direction}" + (f"-round{r}" if r else "")
+            model, history = fit_classifier(p, paths, direction, paths.art("finetune_lm", f"lm-{direction}.pt"),
+                                            paths.art("train_classifier", f"{name}.pt"), log, pseudo)
+            states[direction] = model.state_dict()
+            models[direction] = model
+            rows += [dict(direction=direction, **row) for row in history]
+            steps = steps or log
+            metrics[direction] = dict(valid_accuracy=history[-1]["valid_accuracy"],
+                                      valid_loss=history[-1]["valid_loss"], train_s=time.perf_counter() - t0)
+        if rounds:
+            self_training[f"round{r}_valid_accuracy"] = float(np.mean([m["valid_accuracy"] for m in metrics.values()]))
+        if r < rounds:
+            probs = _predict_texts(models, unlabelled, tok, p.evaluate.batch_size)
+            idx, labels = select_pseudo_labels(probs, hp.pseudo_label_frac)
+            pseudo = ([unlabelled[i] for i in idx], labels)
+            self_training[f"round{r + 1}_pseudo_labelled"] = len(idx)
     cfg = model.cfg
     save_classifier(paths.art("train_classifier", "model"), paths.art("tokenize", "spm.model"), classes, cfg,
-                    states, p.classifier.bptt, p.classifier.max_len)
+                    states, hp.bptt, hp.max_len)
     write_csv(paths.plot("classifier_history.csv"), rows)
     write_csv(paths.plot("lr_schedule.csv"), [dict(step=s["step"], lr=s["lr"]) for s in steps])
     plot_history(rows, paths.plot("classifier_loss.png"), "classifier: loss per epoch")
     plot_lr_schedule(steps, paths.plot("lr_schedule.png"), "classifier LR: gradual unfreezing + STLR")
+    if self_training:
+        metrics["self_training"] = self_training
     write_json(paths.metrics("train_classifier"), metrics)
     return metrics
 
@@ -443,7 +497,8 @@ def stage_inputs(p: Params, stage: str, paths: Paths = Paths()) -> list[Path]:
         "tokenize": [Path(g) for g in d.general],
         "pretrain": [a("tokenize", "general.npy"), a("tokenize", "spm.model"), *map(Path, d.lm_eval)],
         "finetune_lm": [a("prepare", "domain.txt"), a("tokenize", "spm.model")] + [a("pretrain", f"lm-{x}.pt") for x in dirs],
-        "train_classifier": [a("prepare", "train.csv"), a("prepare", "valid.csv"), a("tokenize", "spm.model")]
+        "train_classifier": [a("prepare", "train.csv"), a("prepare", "valid.csv"), a("prepare", "unlabelled.csv"),
+                             a("tokenize", "spm.model")]
         + [a("finetune_lm", f"lm-{x}.pt") for x in dirs],
         "evaluate": [a("prepare", "train.csv"), a("prepare", "valid.csv"), a("prepare", "test.csv"),
                      a("train_classifier", "model"), a("pretrain", "lm-fwd.pt") if "fwd" in dirs else None],
@@ -455,7 +510,7 @@ def stage_outputs(p: Params, stage: str, paths: Paths = Paths()) -> list[Path]:
     """Files a finished stage leaves behind (checked before a cached result is trusted)."""
     a, dirs = paths.art, list(p.model.directions)
     outputs = {
-        "prepare": [a("prepare", f) for f in ("train.csv", "valid.csv", "test.csv", "domain.txt")],
+        "prepare": [a("prepare", f) for f in ("train.csv", "valid.csv", "test.csv", "domain.txt", "unlabelled.csv")],
         "tokenize": [a("tokenize", "spm.model"), a("tokenize", "general.npy")],
         "pretrain": [a("pretrain", f"lm-{x}.pt") for x in dirs],
         "finetune_lm": [a("finetune_lm", f"lm-{x}.pt") for x in dirs],

@@ -1,0 +1,96 @@
+"""Self-training on a label budget: pseudo-label selection, and the real stages on a tiny workspace."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transfer.config import load_params
+from transfer.pseudo import select_pseudo_labels
+from transfer.stages import Paths, run_stage
+from transfer.train import load_checkpoint
+
+
+def test_keeps_the_most_confident_rows_of_each_predicted_class():
+    probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.8, 0.2], [0.3, 0.7], [0.45, 0.55], [0.1, 0.9]])
+    idx, labels = select_pseudo_labels(probs, frac=2 / 3)  # quota: 2 rows per class
+    assert idx.tolist() == [0, 2, 3, 5]
+    assert labels.tolist() == [0, 0, 1, 1]
+
+
+def test_an_over_predicted_class_is_capped_at_its_quota():
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet([1, 1, 1], size=300)
+    probs[:250] = [0.8, 0.1, 0.1]  # class 0 predicted for most rows, and confidently
+    _, labels = select_pseudo_labels(probs, frac=0.5)
+    assert np.bincount(labels, minlength=3)[0] == 50
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(1, 60), k=st.integers(2, 5), frac=st.floats(0.05, 1.0), seed=st.integers(0, 10_000))
+def test_selection_invariants(n, k, frac, seed):
+    probs = np.random.default_rng(seed).dirichlet(np.ones(k), size=n)
+    idx, labels = select_pseudo_labels(probs, frac)
+    assert len(set(idx.tolist())) == len(idx) <= n
+    assert (labels == probs[idx].argmax(1)).all()
+    counts = np.bincount(labels, minlength=k)
+    assert counts.max(initial=0) <= int(frac * n / k)
+    for c in range(k):  # nothing left out of a class is more confident than what was kept
+        kept = probs[idx[labels == c]].max(1)
+        dropped = np.setdiff1d(np.flatnonzero(probs.argmax(1) == c), idx)
+        if len(kept) and len(dropped):
+            assert probs[dropped].max(1).max() <= kept.min()
+
+
+def test_rejects_a_bad_fraction():
+    with pytest.raises(ValueError, match="0 < frac <= 1"):
+        select_pseudo_labels(np.full((4, 2), 0.5), 0.0)
+
+
+def test_label_budget_stages_self_train_on_the_unlabelled_rows(workspace):
+    budget = ["data.max_train_labels=40", "classifier.self_train_rounds=1", "classifier.pseudo_label_frac=0.5"]
+    p = load_params(workspace / "params.yaml", budget)
+    paths = Paths(workspace)
+    prep = run_stage("prepare", p, paths)
+
+    read = lambda name: pd.read_csv(paths.art("prepare", name), dtype=str, keep_default_na=False)  # noqa: E731
+    train, unlabelled = read("train.csv"), read("unlabelled.csv")
+    assert list(unlabelled.columns) == ["text"]  # no labels leak into the unlabelled rows
+    assert len(train) == 40 and len(unlabelled) == prep["n_train_unlabelled"] > 0
+    assert not set(train["text"]) & set(unlabelled["text"])
+    assert not set(read("test.csv")["text"]) & set(unlabelled["text"])
+
+    for stage in ("tokenize", "pretrain", "finetune_lm", "train_classifier"):
+        run_stage(stage, p, paths)
+    metrics = json.loads(paths.metrics("train_classifier").read_text())
+    n_pseudo = metrics["self_training"]["round1_pseudo_labelled"]
+    assert 0 < n_pseudo <= len(unlabelled) // 2
+    round0 = load_checkpoint(paths.art("train_classifier", "checkpoint-fwd.pt"))["model"]
+    round1 = load_checkpoint(paths.art("train_classifier", "checkpoint-fwd-round1.pt"))["model"]
+    bundle = load_checkpoint(paths.art("train_classifier", "model") / "fwd.pt")
+    head = next(k for k in bundle if k.startswith("head") and k.endswith("weight"))
+    assert torch_equal(bundle[head], round1[head]) and not torch_equal(bundle[head], round0[head])
+    # the last round trained on labelled + pseudo-labelled rows: more steps per epoch than round 0
+    ck0 = load_checkpoint(paths.art("train_classifier", "checkpoint-fwd.pt"))
+    ck1 = load_checkpoint(paths.art("train_classifier", "checkpoint-fwd-round1.pt"))
+    assert ck1["position"]["global_step"] > ck0["position"]["global_step"]
+
+
+def test_all_labels_leave_nothing_to_self_train_on(workspace):
+    p = load_params(workspace / "params.yaml", ["classifier.self_train_rounds=2"])
+    paths = Paths(workspace)
+    run_stage("prepare", p, paths)
+    assert pd.read_csv(paths.art("prepare", "unlabelled.csv")).empty
+    for stage in ("tokenize", "pretrain", "finetune_lm", "train_classifier"):
+        run_stage(stage, p, paths)
+    assert "self_training" not in json.loads(paths.metrics("train_classifier").read_text())
+    assert not list(paths.art("train_classifier").glob("*round*"))
+
+
+def torch_equal(a, b) -> bool:
+    return bool((a == b).all())
