@@ -94,3 +94,18 @@ def test_all_labels_leave_nothing_to_self_train_on(workspace):
 
 def torch_equal(a, b) -> bool:
     return bool((a == b).all())
+
+
+def test_adding_a_direction_keeps_the_finished_one(workspace):
+    """A direction's checkpoints depend on its own inputs only: adding bwd resumes fwd's finished runs."""
+    paths = Paths(workspace)
+    fwd = load_params(workspace / "params.yaml", ["model.directions=[fwd]", "evaluate.variants=[tfidf, ulmfit_fwd]"])
+    for stage in ("prepare", "tokenize", "pretrain", "finetune_lm"):
+        run_stage(stage, fwd, paths)
+    cks = [paths.art(s, "checkpoint-fwd.pt") for s in ("pretrain", "finetune_lm")]
+    before = [c.stat().st_mtime_ns for c in cks]
+    both = load_params(workspace / "params.yaml", ["model.directions=[fwd, bwd]"])
+    for stage in ("pretrain", "finetune_lm"):
+        run_stage(stage, both, paths)
+    assert [c.stat().st_mtime_ns for c in cks] == before  # fwd was not retrained (nor its checkpoint rewritten)
+    assert all(paths.art(s, "lm-bwd.pt").exists() for s in ("pretrain", "finetune_lm"))

@@ -201,7 +201,7 @@ def _save_state(path: Path, state: dict) -> Path:
 
 
 def _lm_stage(stage: str, p: Params, paths: Paths, hp, stream: np.ndarray, valid_frac: float,
-              init: Callable[[str], dict | None], run: Callable, data_id: object) -> dict:
+              init: Callable[[str], dict | None], run: Callable, data_id: Callable[[str], object]) -> dict:
     vocab = Tokenizer.load(paths.art("tokenize", "spm.model"))
     cut = int(len(stream) * (1 - valid_frac))
     metrics, rows = {}, []
@@ -216,7 +216,7 @@ def _lm_stage(stage: str, p: Params, paths: Paths, hp, stream: np.ndarray, valid
         valid = LMLoader(stream[cut:], hp.bs, hp.bptt, backwards=backwards, variable=False)
         t0 = time.perf_counter()
         history = run(model, train, valid, hp, ckpt_path=paths.art(stage, f"checkpoint-{direction}.pt"),
-                      fingerprint=_fingerprint(stage, asdict(hp), _arch(p), data_id, direction))
+                      fingerprint=_fingerprint(stage, asdict(hp), _arch(p), data_id(direction), direction))
         _save_state(paths.art(stage, f"lm-{direction}.pt"), model.state_dict())
         rows += [dict(direction=direction, **r) for r in history]
         metrics[direction] = dict(valid_ppl=history[-1]["valid_ppl"], valid_loss=history[-1]["valid_loss"],
@@ -232,7 +232,7 @@ def pretrain(p: Params, paths: Paths = Paths()) -> dict:
     """General-domain LM, one per direction; reports perplexity on a held-out tail and on `data.lm_eval`."""
     path = paths.art("tokenize", "general.npy")
     metrics = _lm_stage("pretrain", p, paths, p.pretrain, load_token_stream(path), p.pretrain.valid_frac,
-                        lambda d: None, pretrain_lm, file_digest(path))
+                        lambda d: None, pretrain_lm, lambda d: file_digest(path))
     if p.data.lm_eval:
         tok = Tokenizer.load(paths.art("tokenize", "spm.model"))
         docs = iter_text_documents(list(p.data.lm_eval), p.data.encoding, p.data.general_doc_per)
@@ -253,7 +253,7 @@ def finetune(p: Params, paths: Paths = Paths()) -> dict:
     domain_txt = paths.art("prepare", "domain.txt")
     stream_path = _encode_stream(tok, iter_text_documents([domain_txt]), paths.art("finetune_lm", "domain.npy"))
     init = lambda d: load_checkpoint(paths.art("pretrain", f"lm-{d}.pt"))  # noqa: E731
-    data_id = [file_digest(domain_txt)] + [file_digest(paths.art("pretrain", f"lm-{d}.pt")) for d in p.model.directions]
+    data_id = lambda d: [file_digest(domain_txt), file_digest(paths.art("pretrain", f"lm-{d}.pt"))]  # noqa: E731
     return _lm_stage("finetune_lm", p, paths, p.finetune_lm, load_token_stream(stream_path), 0.1, init,
                      finetune_lm, data_id)
 
