@@ -22,7 +22,7 @@ from transfer.config import Params
 from transfer.data import ClassificationLoader, Docs, LMLoader, load_token_stream, write_token_stream
 from transfer.errors import TransferError
 from transfer.evaluate import (
-    Predictor, calibrated_average, classification_metrics, fit_temperature, save_classifier, softmax,
+    Predictor, calibrated_average, classification_metrics, fit_temperature, save_classifier,
 )
 from transfer.io_utils import atomic_path, file_digest, write_csv, write_json
 from transfer.model import LanguageModel, TextClassifier, classifier_config, lm_config
@@ -31,7 +31,7 @@ from transfer.pseudo import select_pseudo_labels
 from transfer.readers import iter_text_documents, read_table
 from transfer.tokenizer import PAD_ID, Tokenizer, train_tokenizer
 from transfer.train import (
-    classifier_logits, finetune_lm, lm_perplexity, load_checkpoint, pick_device, pretrain_lm, train_classifier,
+    finetune_lm, lm_perplexity, load_checkpoint, pick_device, pretrain_lm, train_classifier,
 )
 
 __all__ = ["STAGES", "Paths", "run_stage", "prepare", "tokenize", "pretrain", "finetune", "classify",
@@ -307,17 +307,6 @@ def fit_classifier(p: Params, paths: Paths, direction: str, encoder_from: Path |
     return model, history
 
 
-def _predict_texts(models: dict[str, TextClassifier], texts: list[str], tok: Tokenizer, batch_size: int) -> np.ndarray:
-    """Mean class probabilities of the classifiers ({direction: model}) on raw texts."""
-    docs = Docs.from_lists(tok.encode(texts))
-    probs = []
-    for direction, model in models.items():
-        loader = ClassificationLoader(docs, None, batch_size, train=False, pad_id=PAD_ID,
-                                      backwards=direction == "bwd")
-        probs.append(softmax(classifier_logits(model, loader)))
-    return np.mean(probs, axis=0)
-
-
 def classify(p: Params, paths: Paths = Paths()) -> dict:
     """ULMFiT classifiers (one per direction) from the domain-tuned LMs, saved as one servable bundle.
 
@@ -349,7 +338,7 @@ def classify(p: Params, paths: Paths = Paths()) -> dict:
         if rounds:
             self_training[f"round{r}_valid_accuracy"] = float(np.mean([m["valid_accuracy"] for m in metrics.values()]))
         if r < rounds:
-            probs = _predict_texts(models, unlabelled, tok, p.evaluate.batch_size)
+            probs = Predictor(tok, models, classes, p.evaluate.batch_size).predict_proba(unlabelled)
             idx, labels = select_pseudo_labels(probs, hp.pseudo_label_frac)
             pseudo = ([unlabelled[i] for i in idx], labels)
             self_training[f"round{r + 1}_pseudo_labelled"] = len(idx)
@@ -438,9 +427,7 @@ def evaluate(p: Params, paths: Paths = Paths()) -> dict:
             # checkpoints in evaluate's own folder: train_classifier's outputs stay untouched
             model, _ = fit_classifier(p, paths, "fwd", source, paths.art("evaluate", f"checkpoint-{variant}.pt"))
             tok = Tokenizer.load(paths.art("tokenize", "spm.model"))
-            loader = ClassificationLoader(Docs.from_lists(tok.encode(texts)), None, p.evaluate.batch_size,
-                                          train=False, pad_id=PAD_ID)
-            probs[variant] = softmax(classifier_logits(model, loader))
+            probs[variant] = Predictor(tok, {"fwd": model}, classes, p.evaluate.batch_size).predict_proba(texts)
         timings[variant] = time.perf_counter() - t0
     with atomic_path(paths.art("evaluate", "probabilities.npz")) as tmp, open(tmp, "wb") as f:
         np.savez(f, y=y, **probs)  # per-variant test probabilities, for later ensembles and error analysis
