@@ -151,6 +151,8 @@ def test_a_single_string_is_accepted_for_a_list_of_strings(tmp_path):
         ("classifier.betas=[0.9]", "classifier.betas must be two numbers in [0, 1)"),
         ("classifier.clip=0", "classifier.clip must be > 0 or null"),
         ("classifier.unfreeze_epochs=[0, 0]", "classifier.unfreeze_epochs must train for at least one epoch"),
+        ("classifier.unfreeze_lr_mult=[1, 0.5]", "classifier.unfreeze_lr_mult must have one multiplier per"),
+        ("classifier.unfreeze_lr_mult=[1, 1, 0, 1]", "classifier.unfreeze_lr_mult must be positive"),
         ("schedule.cron=nightly", "schedule.cron must have five fields"),
         ("registry.min_accuracy=1.5", "registry.min_accuracy must be in [0, 1]"),
     ],

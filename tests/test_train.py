@@ -101,6 +101,19 @@ def test_gradual_unfreezing_phases_and_minimum_steps():
     assert [p.epochs for p in unfreezing_phases(5, [1, 1, 1, 2], 3, min_steps_per_phase=20)] == [7, 7, 7, 7]
 
 
+def test_unfreeze_lr_mult_scales_each_phase_schedule():
+    (dtr, ytr) = topic_docs(96, 0)
+    log = []
+    hp = replace(CLAS_HP, unfreeze_epochs=[1, 1], unfreeze_lr_mult=[2.0, 0.1])
+    train_classifier(small_classifier(), ClassificationLoader(dtr, ytr, 16, train=True), None, hp,
+                     progress=False, step_log=log)
+    lrs = [r["lr"] for r in log]
+    first, second = lrs[:len(lrs) // 2], lrs[len(lrs) // 2:]  # equal-length phases: the same STLR shape
+    assert max(first) == pytest.approx(2.0 * hp.lr)
+    assert second == pytest.approx([lr * 0.05 for lr in first])
+    assert [p.lr_mult for p in unfreezing_phases(5, [1, 1], 6, lr_mults=[2.0, 0.1])] == [2.0, 0.1]
+
+
 def _lm_run(tmp_path, stop_after=None, name="ck.pt"):
     train, valid = markov_stream(4_000), markov_stream(600, 1)
     model = small_lm()

@@ -224,6 +224,8 @@ class ClassifierParams(TrainParams):
     max_len: int = 1440  # tokens of each document's end that get gradients (BPT3C); earlier chunks run no-grad
     unfreeze_epochs: list[int] = field(default_factory=lambda: [1, 1, 1, 2])  # gradual unfreezing: phase k
     # trains the last k layer groups, the final phase trains all of them
+    unfreeze_lr_mult: list[float] | None = None  # phase k's peak lr is lr * unfreeze_lr_mult[k]; None: lr in every
+    # phase. fastai's tutorial lowers it as more layers thaw (2e-2, 1e-2, 5e-3, 1e-3 = 2, 1, 0.5, 0.1 of 1e-2)
     min_steps_per_phase: int = 0  # lengthen a phase to at least this many steps (tiny data sets)
     self_train_rounds: int = 0  # label budgets: rounds of retraining on pseudo-labelled unlabelled training texts
     pseudo_label_frac: float = 0.5  # share of the unlabelled texts pseudo-labelled per round, most confident first
@@ -237,6 +239,12 @@ class ClassifierParams(TrainParams):
         _require(len(self.unfreeze_epochs) > 0 and all(e >= 0 for e in self.unfreeze_epochs), "unfreeze_epochs",
                  f"must be a non-empty list of epoch counts >= 0, got {self.unfreeze_epochs!r}")
         _require(self.epochs > 0, "unfreeze_epochs", "must train for at least one epoch in total")
+        if self.unfreeze_lr_mult is not None:
+            _require(len(self.unfreeze_lr_mult) == len(self.unfreeze_epochs), "unfreeze_lr_mult",
+                     f"must have one multiplier per unfreeze_epochs entry ({len(self.unfreeze_epochs)}), "
+                     f"got {self.unfreeze_lr_mult!r}")
+            _require(all(m > 0 for m in self.unfreeze_lr_mult), "unfreeze_lr_mult",
+                     f"must be positive, got {self.unfreeze_lr_mult!r}")
         _at_least(self.min_steps_per_phase, "min_steps_per_phase", 0)
 
     @property

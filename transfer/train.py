@@ -56,10 +56,11 @@ class TrainHP(Protocol):
 
 @dataclass(frozen=True)
 class Phase:
-    """Train the layer groups from `freeze_to` on (0 = all) for `epochs` epochs."""
+    """Train the layer groups from `freeze_to` on (0 = all) for `epochs` epochs at `lr_mult` times the peak lr."""
 
     freeze_to: int
     epochs: int
+    lr_mult: float = 1.0
 
 
 def pick_device() -> torch.device:
@@ -167,7 +168,7 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
     while pos["phase"] < len(phases) and not stopped:
         phase = phases[pos["phase"]]
         freeze_to(model, phase.freeze_to)
-        lrs = discriminative_lrs(hp.lr, len(groups), hp.lr_decay)
+        lrs = discriminative_lrs(hp.lr * phase.lr_mult, len(groups), hp.lr_decay)
         first_epoch = pos["global_epoch"] - pos["epoch_in_phase"]
         phase_steps = sum(steps_in_epoch(first_epoch + e) for e in range(phase.epochs))
         steps_before = sum(steps_in_epoch(first_epoch + e) for e in range(pos["epoch_in_phase"]))
@@ -337,18 +338,20 @@ def _clas_validate(loader: ClassificationLoader, precision: str) -> Callable[[nn
 
 
 def unfreezing_phases(n_groups: int, unfreeze_epochs: list[int], steps_per_epoch: int,
-                      min_steps_per_phase: int = 0) -> list[Phase]:
+                      min_steps_per_phase: int = 0, lr_mults: list[float] | None = None) -> list[Phase]:
     """Gradual unfreezing: phase k trains the last k+1 groups; the final phase trains all of them.
 
     A phase shorter than `min_steps_per_phase` optimizer steps gets more epochs (few-label data).
+    Phase k's peak lr is scaled by `lr_mults[k]` (default 1).
     """
     phases = []
+    lr_mults = lr_mults or [1.0] * len(unfreeze_epochs)
     for k, epochs in enumerate(unfreeze_epochs):
         last = k == len(unfreeze_epochs) - 1
         n = 0 if last or k + 1 >= n_groups else -(k + 1)
         if min_steps_per_phase:
             epochs = max(epochs, math.ceil(min_steps_per_phase / max(steps_per_epoch, 1)))
-        phases.append(Phase(n, epochs))
+        phases.append(Phase(n, epochs, lr_mults[k]))
     return phases
 
 
@@ -388,7 +391,7 @@ def train_classifier(model: TextClassifier, train: ClassificationLoader, valid: 
     After every epoch the head's BatchNorm statistics are recomputed in eval mode (see recalibrate_batchnorm).
     """
     phases = unfreezing_phases(len(layer_groups(model)), list(hp.unfreeze_epochs), len(train),
-                               getattr(hp, "min_steps_per_phase", 0))
+                               getattr(hp, "min_steps_per_phase", 0), getattr(hp, "unfreeze_lr_mult", None))
     stats_loader = ClassificationLoader(train.docs, train.labels, train.bs, train=False, pad_id=train.pad_id,
                                         backwards=train.backwards)
     validate_on = _clas_validate(valid, hp.precision) if valid is not None else None
