@@ -1,6 +1,9 @@
 """The loops learn, resume to identical weights, and save/load faithfully."""
 
 import math
+import platform
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -92,6 +95,31 @@ def test_pretrained_classifier_beats_chance_by_a_wide_margin():
                                ClassificationLoader(dva, yva, 64, train=False), CLAS_HP, progress=False)
     assert history[-1]["valid_accuracy"] > 0.8  # chance is 1/3
     assert [r["phase"] for r in history] == [0, 1, 2, 3, 3, 3]
+
+
+_REFAULTS = """
+import resource, sys, torch
+from transfer.train import keep_freed_memory
+applied = keep_freed_memory() if sys.argv[1] == "kept" else False
+for _ in range(5):  # 64 MB: over glibc's largest mmap threshold (32 MB); the kept heap settles after a few
+    torch.ones(64 << 20, dtype=torch.uint8)
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    torch.ones(64 << 20, dtype=torch.uint8)  # allocated, written, freed: what an LM step does with its logits
+print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt settings are glibc's")
+def test_keep_freed_memory_stops_large_tensors_faulting_in_again():
+    def faults(mode):
+        out = subprocess.run([sys.executable, "-c", _REFAULTS, mode], capture_output=True, text=True, check=True)
+        applied, n = out.stdout.split()
+        return applied == "True", int(n)
+
+    (applied_default, default), (applied, kept) = faults("default"), faults("kept")
+    assert applied and not applied_default
+    assert default > 10 * max(kept, 1), (default, kept)  # ~82k 4 KB faults by default; kept: the heap is reused
 
 
 def test_gradual_unfreezing_phases_and_minimum_steps():
