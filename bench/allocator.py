@@ -60,9 +60,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.mode:
         return worker(args)
-    passthrough = [a for a in sys.argv[1:]]
     for mode in ("default", "kept"):  # one after the other: on 2 cores a second job halves the first one's speed
-        subprocess.run([sys.executable, __file__, *passthrough, "--mode", mode], check=True)
+        subprocess.run([sys.executable, __file__, *sys.argv[1:], "--mode", mode], check=True)
 
 
 if __name__ == "__main__":
