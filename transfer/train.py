@@ -75,7 +75,8 @@ def keep_freed_memory() -> bool:
     By default every allocation over 32 MB (an LM's logits and their gradients: 64 x 70 x 16k floats) is a fresh
     mmap, unmapped again when freed, so every training step page-faults all of it back in. Measured on a 2-core VM
     (`python bench/allocator.py`): 400k page faults a step, 44% of the CPU time in the kernel, 3,252 -> 6,559 tok/s
-    with the heap kept (16k vocab, 256/512, bs 64 x bptt 70, bf16). Returns False where the C library is not glibc (nothing changed).
+    with the heap kept (16k vocab, 256/512, bs 64 x bptt 70, bf16). Process-wide and idempotent; returns False
+    where the C library is not glibc (nothing changed).
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
