@@ -88,7 +88,7 @@ class DataParams:
     encoding: str = "utf-8"
     domain: list[str] = field(default_factory=list)  # extra unlabelled in-domain text for LM fine-tuning
     lm_eval: list[str] = field(default_factory=list)  # held-out text to report the general LM's perplexity on
-    domain_include_test: bool = False  # also fine-tune the LM on test texts (no labels; transductive)
+    domain_include_test: bool = False  # also tune the LM on validation + test texts (no labels; transductive)
     max_train_labels: int | None = None  # keep only this many labelled train rows (learning-curve runs)
     valid_frac: float = 0.1
     test_frac: float = 0.2
