@@ -47,14 +47,17 @@ def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | 
                 lm_states = {s: states[s]["state"] for s in ("tokenize", "pretrain", "finetune_lm")}
                 logger.info(f"budget {budget} seed {seed}: LM stages {lm_states}")
                 n_labels = results["prepare"]["n_train"]
+                # which texts tuned the domain LM: transductive results must say so wherever they go
+                lm_texts = "train+valid+test" if results["prepare"]["domain_include_test"] else "train"
                 for variant, m in results["evaluate"]["variants"].items():
-                    rows.append(dict(variant=variant, budget=budget, n_labels=n_labels, seed=seed,
+                    rows.append(dict(variant=variant, budget=budget, n_labels=n_labels, seed=seed, lm_texts=lm_texts,
                                      error=m["error_rate"], accuracy=m["accuracy"], macro_f1=m["macro_f1"],
                                      lm_cache=",".join(f"{k}={v}" for k, v in lm_states.items())))
                     mlflow.log_metric(metric_key(f"{variant}.error.b{budget}"), m["error_rate"], step=seed)
         csv_path = write_csv(paths.plot("sample_efficiency.csv"), rows)
+        transductive = " (LM also tuned on test texts)" if base.data.domain_include_test else ""
         png = plot_sample_efficiency(rows, paths.plot("sample_efficiency.png"),
-                                     "test error vs labelled examples (mean, min-max over seeds)")
+                                     f"test error vs labelled examples{transductive} (mean, min-max over seeds)")
         write_json(paths.metrics("sample_efficiency"), _summary(rows))
         mlflow.log_artifact(str(csv_path))
         log_figure_png(png, "sample_efficiency.png")

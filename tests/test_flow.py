@@ -90,6 +90,7 @@ def test_sample_efficiency_reuses_the_cached_lms_and_writes_curve(first_run):
     assert {(r["budget"], r["seed"]) for r in rows} == {("40", 0), ("40", 1), ("all", 0), ("all", 1)}
     assert {r["variant"] for r in rows} == {"tfidf", "ulmfit_fwd", "ulmfit_bwd", "ulmfit_ensemble", "ulmfit+tfidf"}
     assert all(r["n_labels"] == 40 for r in rows if r["budget"] == "40")
+    assert all(r["lm_texts"] == "train" for r in rows), "no test text tunes the LM unless the flag says so"
     assert all(r["lm_cache"] == "tokenize=Cached,pretrain=Cached,finetune_lm=Cached" for r in rows), \
         "label budgets never retrain the tokenizer or the language models"
     assert (ws / "plots" / "sample_efficiency.png").read_bytes()[:4] == b"\x89PNG"
