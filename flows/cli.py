@@ -28,6 +28,7 @@ DEBUG = {"on": False}
 
 ParamsOpt = typer.Option("params.yaml", "--params", "-p", help="Params file (the single source of truth).")
 SetOpt = typer.Option(None, "--set", "-S", help="Override a param, as `dvc exp run -S`: section.key=value. Repeatable.")
+LockOpt = typer.Option(600, help="Seconds to wait for another process in this workspace.")
 LOCK = ".transfer.lock"
 
 
@@ -87,7 +88,7 @@ def _print_summary(summary: dict) -> None:
 @app.command()
 def stage(name: str = typer.Argument(..., help="prepare | tokenize | pretrain | finetune_lm | train_classifier | evaluate"),
           params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
-          lock_timeout: float = typer.Option(600, help="Seconds to wait for another process in this workspace.")) -> None:
+          lock_timeout: float = LockOpt) -> None:
     """Run one stage (what `dvc repro` calls). Reads and writes artifacts/, metrics/ and plots/."""
     from transfer.config import load_params
 
@@ -101,6 +102,35 @@ def stage(name: str = typer.Argument(..., help="prepare | tokenize | pretrain | 
             ensure_demo_data(p, Path("."))
         metrics = run_stage(name, p)
     typer.echo(json.dumps({k: v for k, v in metrics.items() if k != "details"}, indent=2, default=str))
+
+
+@app.command("lr-find")
+def lr_find(params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
+            direction: str = typer.Option("fwd", help="Which domain LM's classifier: fwd | bwd."),
+            num_it: int = typer.Option(100, help="Optimizer steps in each phase's LR sweep (1e-7 to 10)."),
+            lock_timeout: float = LockOpt) -> None:
+    """The LR finder before every phase of gradual unfreezing, from the domain-tuned LM.
+
+    Each phase is swept, then trained as configured before the next one is swept.
+    Writes plots/lr_find_<direction>.png and .csv; no stage's artifacts change.
+    Needs the stages up to finetune_lm.
+    """
+    from transfer.config import load_params
+
+    p = load_params(params, set_ or [])
+    from transfer.stages import lr_find_classifier
+
+    with workspace_lock(lock_timeout):
+        rows = lr_find_classifier(p, direction=direction, num_it=num_it)
+    table = Table(title=f"classifier LR finder ({direction}); plot: plots/lr_find_{direction}.png")
+    for col in ("phase", "trains", "configured peak lr", "suggested lr"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        trains = "all groups" if r["freeze_to"] == 0 else f"last {-r['freeze_to']} group(s)"
+        table.add_row(str(r["phase"] + 1), trains, f"{r['lr']:.2g}", f"{r['suggested_lr']:.2g}")
+    Console().print(table)
+    console.print("The suggestion is the steepest descent of the smoothed loss: a starting point for "
+                  "classifier.lr / unfreeze_lr_mult, to confirm on validation accuracy.")
 
 
 def _existing_tracking_uri() -> str:

@@ -232,6 +232,11 @@ CASES = [
          ["bundles/ok/spm.model: not a valid sentencepiece model file"]),
     Case("bundle_meta_not_json", bundle("ok"), write_bytes("bundles/ok/meta.json", b"{classes: oops"),
          ["bundles/ok: not a loadable classifier bundle", "JSONDecodeError"]),
+    # ---- the LR finder needs the stages up to the domain LM
+    Case("lr_find_before_the_domain_lm", ["lr-find"],
+         expect=["artifacts/finetune_lm/lm-fwd.pt: missing", "up to finetune_lm"]),
+    Case("lr_find_unknown_direction", ["lr-find", "--direction", "sideways"],
+         expect=["direction 'sideways' is not in model.directions"]),
 ]
 
 

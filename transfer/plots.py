@@ -7,7 +7,7 @@ from typing import Sequence
 
 from transfer.io_utils import atomic_path
 
-__all__ = ["plot_history", "plot_lr_schedule", "plot_confusion", "plot_sample_efficiency"]
+__all__ = ["plot_history", "plot_lr_schedule", "plot_lr_find", "plot_confusion", "plot_sample_efficiency"]
 
 
 def _figure():
@@ -48,6 +48,23 @@ def plot_lr_schedule(steps: Sequence[dict], path: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([s["step"] for s in steps], [s["lr"] for s in steps])
     ax.set(xlabel="optimizer step", ylabel="learning rate (top group)", title=title)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_lr_find(results: Sequence[dict], path: Path, title: str) -> Path:
+    """Smoothed loss against the top group's lr, one curve per phase; dot = suggested, cross = configured lr."""
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for r in results:
+        (line,) = ax.plot(r["lrs"], r["losses"], label=f"phase {r['phase'] + 1}")
+        for lr, marker in ((r["suggested_lr"], "o"), (r["lr"], "x")):
+            if r["lrs"] and r["lrs"][0] <= lr <= r["lrs"][-1]:  # a curve cut short may not reach the lr
+                i = min(range(len(r["lrs"])), key=lambda j: abs(r["lrs"][j] - lr))
+                ax.plot(r["lrs"][i], r["losses"][i], marker, color=line.get_color(), markersize=8)
+    ax.set_xscale("log")
+    ax.set(xlabel="learning rate (top group)", ylabel="smoothed training loss", title=title)
+    ax.legend(title="o suggested, x configured")
     ax.grid(alpha=0.3)
     return _save(fig, path)
 

@@ -26,16 +26,16 @@ from transfer.evaluate import (
 )
 from transfer.io_utils import atomic_path, file_digest, write_csv, write_json
 from transfer.model import LanguageModel, TextClassifier, classifier_config, lm_config
-from transfer.plots import plot_confusion, plot_history, plot_lr_schedule
+from transfer.plots import plot_confusion, plot_history, plot_lr_find, plot_lr_schedule
 from transfer.pseudo import select_pseudo_labels
 from transfer.readers import iter_text_documents, read_table
 from transfer.tokenizer import PAD_ID, Tokenizer, train_tokenizer
 from transfer.train import (
-    finetune_lm, lm_perplexity, load_checkpoint, pick_device, pretrain_lm, train_classifier,
+    classifier_lr_find, finetune_lm, lm_perplexity, load_checkpoint, pick_device, pretrain_lm, train_classifier,
 )
 
 __all__ = ["STAGES", "Paths", "run_stage", "prepare", "tokenize", "pretrain", "finetune", "classify",
-           "evaluate", "stage_inputs", "stage_params"]
+           "evaluate", "stage_inputs", "stage_params", "lr_find_classifier"]
 
 
 @dataclass(frozen=True)
@@ -270,13 +270,10 @@ def _labelled(paths: Paths, split: str, tok: Tokenizer, classes: list[str],
     return Docs.from_lists(tok.encode(texts)), y, df
 
 
-def fit_classifier(p: Params, paths: Paths, direction: str, encoder_from: Path | None, ckpt_path: Path,
-                   step_log: list | None = None, pseudo: tuple[list[str], np.ndarray] | None = None,
-                   ) -> tuple[TextClassifier, list[dict]]:
-    """One classifier: encoder weights from an LM state_dict (None: random init), then gradual unfreezing.
-
-    `pseudo` (texts, class indices) adds self-training rows to the labelled training rows.
-    """
+def _classifier_setup(p: Params, paths: Paths, direction: str, encoder_from: Path | None,
+                      pseudo: tuple[list[str], np.ndarray] | None = None,
+                      ) -> tuple[TextClassifier, ClassificationLoader, ClassificationLoader, str]:
+    """A classifier with its encoder from an LM state_dict (None: random init) and its loaders -> (+ data id)."""
     hp = p.classifier
     tok = Tokenizer.load(paths.art("tokenize", "spm.model"))
     classes = json.loads(paths.metrics("prepare").read_text())["classes"]
@@ -301,10 +298,43 @@ def fit_classifier(p: Params, paths: Paths, direction: str, encoder_from: Path |
     bs = min(hp.bs, max(8, len(dtr) // 10))  # few labels: smaller batches, so every epoch has ~10 steps
     train = ClassificationLoader(dtr, ytr, bs, train=True, pad_id=PAD_ID, backwards=backwards, seed=hp.seed)
     valid = ClassificationLoader(dva, yva, p.evaluate.batch_size, train=False, pad_id=PAD_ID, backwards=backwards)
-    history = train_classifier(model, train, valid, hp, ckpt_path=ckpt_path,
-                               fingerprint=_fingerprint("clas", asdict(hp), _arch(p), data_id, direction),
+    return model, train, valid, data_id
+
+
+def fit_classifier(p: Params, paths: Paths, direction: str, encoder_from: Path | None, ckpt_path: Path,
+                   step_log: list | None = None, pseudo: tuple[list[str], np.ndarray] | None = None,
+                   ) -> tuple[TextClassifier, list[dict]]:
+    """One classifier: encoder weights from an LM state_dict (None: random init), then gradual unfreezing.
+
+    `pseudo` (texts, class indices) adds self-training rows to the labelled training rows.
+    """
+    model, train, valid, data_id = _classifier_setup(p, paths, direction, encoder_from, pseudo)
+    history = train_classifier(model, train, valid, p.classifier, ckpt_path=ckpt_path,
+                               fingerprint=_fingerprint("clas", asdict(p.classifier), _arch(p), data_id, direction),
                                step_log=step_log)
     return model, history
+
+
+def lr_find_classifier(p: Params, paths: Paths = Paths(), direction: str = "fwd", num_it: int = 100) -> list[dict]:
+    """The LR finder before every unfreezing phase, from the domain LM, on the labelled training rows.
+
+    Advisory: writes `plots/lr_find_<direction>.csv` (phase, lr, smoothed loss) and `.png`, and returns one
+    row per phase (configured and suggested peak lr); no artifact or metric of any stage changes.
+    """
+    if direction not in p.model.directions:
+        raise TransferError(f"direction {direction!r} is not in model.directions {p.model.directions}")
+    lm = paths.art("finetune_lm", f"lm-{direction}.pt")
+    for need in (paths.metrics("prepare"), paths.art("tokenize", "spm.model"), lm):
+        if not need.exists():
+            raise TransferError(f"{need}: missing; run the stages up to finetune_lm first (`transfer run`, or "
+                                f"`transfer stage prepare|tokenize|pretrain|finetune_lm`)")
+    model, train, _, _ = _classifier_setup(p, paths, direction, lm)
+    results = classifier_lr_find(model, train, p.classifier, num_it=num_it)
+    write_csv(paths.plot(f"lr_find_{direction}.csv"),
+              [dict(phase=r["phase"], lr=lr, loss=loss) for r in results for lr, loss in zip(r["lrs"], r["losses"])])
+    plot_lr_find(results, paths.plot(f"lr_find_{direction}.png"),
+                 f"classifier LR finder ({direction}), before each unfreezing phase")
+    return [{k: v for k, v in r.items() if k not in ("lrs", "losses")} for r in results]
 
 
 def classify(p: Params, paths: Paths = Paths()) -> dict:

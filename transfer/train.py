@@ -10,6 +10,7 @@ import contextlib
 import copy
 import ctypes
 import functools
+import itertools
 import math
 import time
 import warnings
@@ -31,7 +32,7 @@ from transfer.schedules import discriminative_lrs, lr_at
 
 __all__ = [
     "Phase", "pick_device", "autocast", "keep_freed_memory", "fit", "pretrain_lm", "finetune_lm", "train_classifier",
-    "lm_perplexity", "classifier_logits", "lr_find", "save_checkpoint", "load_checkpoint",
+    "lm_perplexity", "classifier_logits", "lr_find", "classifier_lr_find", "save_checkpoint", "load_checkpoint",
 ]
 
 
@@ -430,15 +431,23 @@ def train_classifier(model: TextClassifier, train: ClassificationLoader, valid: 
 
 def lr_find(model: nn.Module, batches: Iterator[tuple], step_loss: StepLoss, start_lr: float = 1e-7,
             end_lr: float = 10.0, num_it: int = 100, betas: tuple[float, float] = (0.7, 0.99),
-            ) -> tuple[list[float], list[float], float]:
+            lr_decay: float = 1.0, precision: str = "fp32") -> tuple[list[float], list[float], float]:
     """Exponential LR sweep; stops when the smoothed loss passes 4x the best. Model weights are restored.
 
+    Only trainable params move. With `lr_decay` > 1 each lower layer group gets lr / lr_decay of the group
+    above, as in training, and the LRs reported are the top group's.
     Returns (lrs, smoothed losses, suggested LR = the LR of steepest descent of the smoothed loss).
     """
     saved = copy.deepcopy(model.state_dict())
     device = pick_device()
     model.to(device).train()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=start_lr, betas=betas)
+    try:
+        groups = layer_groups(model)
+    except TypeError:  # not an LM or classifier: one group
+        groups = [list(model.parameters())]
+    ratios = discriminative_lrs(1.0, len(groups), lr_decay)
+    param_groups = [dict(params=[p for p in g if p.requires_grad], ratio=r) for g, r in zip(groups, ratios)]
+    opt = torch.optim.AdamW([g for g in param_groups if g["params"]], lr=start_lr, betas=tuple(betas))
     lrs, losses, avg, best = [], [], 0.0, math.inf
     mult = (end_lr / start_lr) ** (1 / max(num_it - 1, 1))
     for i, batch in enumerate(batches):
@@ -446,8 +455,9 @@ def lr_find(model: nn.Module, batches: Iterator[tuple], step_loss: StepLoss, sta
             break
         lr = start_lr * mult ** i
         for g in opt.param_groups:
-            g["lr"] = lr
-        loss, _, _ = step_loss(model, batch)
+            g["lr"] = lr * g["ratio"]
+        with autocast(device, precision):
+            loss, _, _ = step_loss(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -465,3 +475,30 @@ def lr_find(model: nn.Module, batches: Iterator[tuple], step_loss: StepLoss, sta
         return lrs, losses, lrs[0] if lrs else start_lr
     grads = np.gradient(np.array(losses), np.log(np.array(lrs)))
     return lrs, losses, float(lrs[int(np.argmin(grads))])
+
+
+def classifier_lr_find(model: TextClassifier, train: ClassificationLoader, hp: TrainHP, num_it: int = 100,
+                       progress: bool = True) -> list[dict[str, Any]]:
+    """The LR finder before each phase of gradual unfreezing, with each phase trained as configured in between.
+
+    What fastai users do by hand (unfreeze, `lr_find`, fit) for every phase of `train_classifier`'s schedule.
+    Each phase is fitted with a fresh optimizer (training keeps one across phases), so the curves after
+    phase 1 start from nearly, not exactly, the weights training would have. Returns one dict per phase:
+    phase, freeze_to, configured peak lr, suggested lr, and the curve (lrs, losses).
+    """
+    phases = unfreezing_phases(len(layer_groups(model)), list(hp.unfreeze_epochs), len(train),
+                               getattr(hp, "min_steps_per_phase", 0), getattr(hp, "unfreeze_lr_mult", None))
+    # few labels give fewer than num_it batches an epoch: the sweep runs on across epochs
+    forever = lambda: (b for e in itertools.count() for b in train.batches(e))  # noqa: E731
+    out = []
+    for k, phase in enumerate(phases):
+        freeze_to(model, phase.freeze_to)
+        lrs, losses, suggestion = lr_find(model, forever(), _clas_step, num_it=num_it, betas=tuple(hp.betas),
+                                          lr_decay=hp.lr_decay, precision=hp.precision)
+        out.append(dict(phase=k, freeze_to=phase.freeze_to, lr=hp.lr * phase.lr_mult, suggested_lr=suggestion,
+                        lrs=lrs, losses=losses))
+        if k < len(phases) - 1:
+            fit(model, [phase], train.batches, lambda e: len(train), _clas_step, None, hp, progress=progress,
+                desc=f"lr-find: train phase {k + 1}", unit="doc")
+    freeze_to(model, 0)
+    return out
