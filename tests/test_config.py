@@ -34,6 +34,12 @@ def test_repo_params_yaml_loads_and_sets_every_section_and_key():
     assert raw == load_params(REPO / "params.yaml").to_dict()  # every key spelled out, none left to defaults
 
 
+@pytest.mark.parametrize("path", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_example_params_files_load_strictly_and_point_at_the_shared_data(path):
+    params = load_params(path)  # unknown keys, or a variant whose direction is not trained, fail here
+    assert params.data.train.startswith("../shared/data/") and params.data.test.startswith("../shared/data/")
+
+
 def test_repo_params_yaml_is_the_tiny_demo_config():
     params = load_params(REPO / "params.yaml")
     assert params.data.general == ["data/demo/general.txt"]
