@@ -407,14 +407,18 @@ def recalibrate_batchnorm(model: TextClassifier, loader: ClassificationLoader, p
         bn.momentum = m
 
 
+def _classifier_phases(model: TextClassifier, train: ClassificationLoader, hp: TrainHP) -> list[Phase]:
+    return unfreezing_phases(len(layer_groups(model)), list(hp.unfreeze_epochs), len(train),
+                             getattr(hp, "min_steps_per_phase", 0), getattr(hp, "unfreeze_lr_mult", None))
+
+
 def train_classifier(model: TextClassifier, train: ClassificationLoader, valid: ClassificationLoader | None,
                      hp: TrainHP, **kw) -> list[dict[str, float]]:
     """Gradual unfreezing (`hp.unfreeze_epochs` per phase) with STLR and discriminative LRs in each.
 
     After every epoch the head's BatchNorm statistics are recomputed in eval mode (see recalibrate_batchnorm).
     """
-    phases = unfreezing_phases(len(layer_groups(model)), list(hp.unfreeze_epochs), len(train),
-                               getattr(hp, "min_steps_per_phase", 0), getattr(hp, "unfreeze_lr_mult", None))
+    phases = _classifier_phases(model, train, hp)
     stats_loader = ClassificationLoader(train.docs, train.labels, train.bs, train=False, pad_id=train.pad_id,
                                         backwards=train.backwards)
     validate_on = _clas_validate(valid, hp.precision) if valid is not None else None
@@ -486,8 +490,7 @@ def classifier_lr_find(model: TextClassifier, train: ClassificationLoader, hp: T
     phase 1 start from nearly, not exactly, the weights training would have. Returns one dict per phase:
     phase, freeze_to, configured peak lr, suggested lr, and the curve (lrs, losses).
     """
-    phases = unfreezing_phases(len(layer_groups(model)), list(hp.unfreeze_epochs), len(train),
-                               getattr(hp, "min_steps_per_phase", 0), getattr(hp, "unfreeze_lr_mult", None))
+    phases = _classifier_phases(model, train, hp)
     # few labels give fewer than num_it batches an epoch: the sweep runs on across epochs
     forever = lambda: (b for e in itertools.count() for b in train.batches(e))  # noqa: E731
     out = []
