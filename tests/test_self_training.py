@@ -11,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transfer.config import load_params
+from transfer.errors import TransferError
+from transfer.evaluate import Predictor
 from transfer.pseudo import select_pseudo_labels
 from transfer.stages import Paths, run_stage
 from transfer.train import load_checkpoint
@@ -107,3 +109,27 @@ def test_adding_a_direction_keeps_the_finished_one(workspace):
         run_stage(stage, both, paths)
     assert [c.stat().st_mtime_ns for c in cks] == before  # fwd was not retrained (nor its checkpoint rewritten)
     assert all(paths.art(s, "lm-bwd.pt").exists() for s in ("pretrain", "finetune_lm"))
+
+
+def test_members_are_seeded_apart_and_the_bundle_averages_them(workspace):
+    one_direction = ["model.directions=[fwd]", "evaluate.variants=[tfidf,ulmfit_fwd]"]
+    p = load_params(workspace / "params.yaml", ["classifier.members=2", *one_direction])
+    paths = Paths(workspace)
+    for stage in ("prepare", "tokenize", "pretrain", "finetune_lm", "train_classifier"):
+        run_stage(stage, p, paths)
+    bundle = paths.art("train_classifier", "model")
+    assert json.loads((bundle / "meta.json").read_text())["members"] == ["fwd", "fwd-1"]
+    assert set(json.loads(paths.metrics("train_classifier").read_text())) == {"fwd", "fwd-1"}
+    w0, w1 = (load_checkpoint(bundle / f"{m}.pt") for m in ("fwd", "fwd-1"))
+    head = next(k for k in w0 if k.startswith("head") and k.endswith("weight"))
+    assert not torch_equal(w0[head], w1[head])  # member 1 trained from its own seed
+
+    texts = list(pd.read_csv(paths.art("prepare", "test.csv"), dtype=str, keep_default_na=False)["text"])
+    both = Predictor.from_dir(bundle)
+    single = {}
+    for name in ("fwd", "fwd-1"):
+        single[name] = Predictor(both.tokenizer, {name: both.models[name]}, both.classes).predict_proba(texts)
+    np.testing.assert_allclose(both.predict_proba(texts), (single["fwd"] + single["fwd-1"]) / 2, atol=1e-6)
+    assert Predictor.from_dir(bundle, ["fwd"]).models.keys() == {"fwd", "fwd-1"}
+    with pytest.raises(TransferError, match="no bwd classifier in this bundle"):
+        Predictor.from_dir(bundle, ["bwd"])

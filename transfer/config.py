@@ -229,11 +229,13 @@ class ClassifierParams(TrainParams):
     min_steps_per_phase: int = 0  # lengthen a phase to at least this many steps (tiny data sets)
     self_train_rounds: int = 0  # label budgets: rounds of retraining on pseudo-labelled unlabelled training texts
     pseudo_label_frac: float = 0.5  # share of the unlabelled texts pseudo-labelled per round, most confident first
+    members: int = 1  # classifiers per direction, member i seeded seed + 1000 * i; the ulmfit variants average them
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _at_least(self.max_len, "max_len", 1)
         _at_least(self.self_train_rounds, "self_train_rounds", 0)
+        _at_least(self.members, "members", 1)
         _require(0 < self.pseudo_label_frac <= 1, "pseudo_label_frac",
                  f"must be in (0, 1], got {self.pseudo_label_frac!r}")
         _require(len(self.unfreeze_epochs) > 0 and all(e >= 0 for e in self.unfreeze_epochs), "unfreeze_epochs",

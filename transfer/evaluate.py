@@ -16,7 +16,8 @@ from transfer.model import AWDLSTMConfig, TextClassifier
 from transfer.tokenizer import PAD_ID, Tokenizer
 from transfer.train import classifier_logits, load_checkpoint, pick_device
 
-__all__ = ["classification_metrics", "softmax", "fit_temperature", "calibrated_average", "save_classifier", "Predictor"]
+__all__ = ["classification_metrics", "softmax", "fit_temperature", "calibrated_average", "member_name",
+           "member_direction", "save_classifier", "Predictor"]
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -62,24 +63,36 @@ def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, classes: list
     )
 
 
+def member_name(direction: str, index: int) -> str:
+    """Bundle name of a direction's `index`-th classifier: fwd, fwd-1, fwd-2, ... (member 0 keeps the bare name)."""
+    return direction if index == 0 else f"{direction}-{index}"
+
+
+def member_direction(name: str) -> str:
+    return name.split("-", 1)[0]
+
+
 def save_classifier(out_dir: Path, tokenizer_path: Path, classes: list[str], cfg: AWDLSTMConfig,
                     states: dict[str, dict[str, torch.Tensor]], bptt: int, max_len: int) -> Path:
-    """Write a self-contained bundle: spm.model, meta.json and one state_dict per direction (fwd.pt, bwd.pt)."""
+    """Write a self-contained bundle: spm.model, meta.json and one state_dict per member (fwd.pt, bwd.pt, fwd-1.pt)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_path(out_dir / "spm.model") as tmp:
         shutil.copyfile(tokenizer_path, tmp)
-    for direction, state in states.items():
-        with atomic_path(out_dir / f"{direction}.pt") as tmp:
+    for name, state in states.items():
+        with atomic_path(out_dir / f"{name}.pt") as tmp:
             torch.save({k: v.detach().cpu() for k, v in state.items()}, tmp)
     # meta.json last: a bundle without it is incomplete and refuses to load
     write_json(out_dir / "meta.json", dict(classes=list(classes), config=cfg.to_dict(), bptt=bptt,
-                                           max_len=max_len, directions=sorted(states)))
+                                           max_len=max_len, members=sorted(states)))
     return out_dir
 
 
 class Predictor:
-    """Raw text in, class probabilities out; averages forward and backward models when both are present."""
+    """Raw text in, class probabilities out; averages its members (forward and backward models, and their seeds).
+
+    `models` maps member names (`member_name`) to classifiers; a name's direction says how to read the text.
+    """
 
     def __init__(self, tokenizer: Tokenizer, models: dict[str, TextClassifier], classes: list[str],
                  batch_size: int = 64):
@@ -98,8 +111,14 @@ class Predictor:
             raise TransferError(f"{path}: spm.model has {tokenizer.vocab_size} pieces but the weights expect "
                                 f"{cfg.vocab_size}")
         device = pick_device()
+        names = meta.get("members", meta.get("directions"))  # "directions": bundles written before members
+        if directions is not None:
+            missing = [d for d in directions if not any(member_direction(n) == d for n in names)]
+            if missing:
+                raise TransferError(f"{path}: no {'/'.join(missing)} classifier in this bundle (it has {names})")
+            names = [n for n in names if member_direction(n) in directions]
         models = {}
-        for d in directions or meta["directions"]:
+        for d in names:
             model = TextClassifier(cfg, len(meta["classes"]), bptt=meta["bptt"], max_len=meta["max_len"])
             state = load_checkpoint(path / f"{d}.pt")
             try:
@@ -116,7 +135,7 @@ class Predictor:
             return np.zeros((0, len(self.classes)), dtype=np.float32)
         docs = Docs.from_lists(self.tokenizer.encode(list(texts)))
         probs = [softmax(classifier_logits(m, ClassificationLoader(docs, None, self.batch_size, train=False,
-                                                                   pad_id=PAD_ID, backwards=d == "bwd")))
+                                                                   pad_id=PAD_ID, backwards=member_direction(d) == "bwd")))
                  for d, m in self.models.items()]
         return np.mean(probs, axis=0)
 

@@ -8,9 +8,10 @@ stage's metrics file is written last, so its presence means the stage finished.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -22,7 +23,7 @@ from transfer.config import Params
 from transfer.data import ClassificationLoader, Docs, LMLoader, load_token_stream, write_token_stream
 from transfer.errors import TransferError
 from transfer.evaluate import (
-    Predictor, calibrated_average, classification_metrics, fit_temperature, save_classifier,
+    Predictor, calibrated_average, classification_metrics, fit_temperature, member_name, save_classifier,
 )
 from transfer.io_utils import atomic_path, file_digest, write_csv, write_json
 from transfer.model import LanguageModel, TextClassifier, classifier_config, lm_config
@@ -338,11 +339,12 @@ def lr_find_classifier(p: Params, paths: Paths = Paths(), direction: str = "fwd"
 
 
 def classify(p: Params, paths: Paths = Paths()) -> dict:
-    """ULMFiT classifiers (one per direction) from the domain-tuned LMs, saved as one servable bundle.
+    """ULMFiT classifiers (`classifier.members` per direction) from the domain-tuned LMs, in one servable bundle.
 
-    Self-training (`classifier.self_train_rounds`): after each round the directions' ensemble labels the
-    budget's unlabelled training texts; the confident share joins the labelled rows and every direction is
-    retrained from its domain LM. Only the last round's classifiers are kept.
+    Members of a direction differ only in their seed (init, dropout masks, batch order); averaging them cuts
+    the variance of one fine-tuning run. Self-training (`classifier.self_train_rounds`): after each round the
+    members' ensemble labels the budget's unlabelled training texts; the confident share joins the labelled
+    rows and every member is retrained from its domain LM. Only the last round's classifiers are kept.
     """
     hp = p.classifier
     classes = json.loads(paths.metrics("prepare").read_text())["classes"]
@@ -353,18 +355,20 @@ def classify(p: Params, paths: Paths = Paths()) -> dict:
     self_training: dict[str, float] = {}
     for r in range(rounds + 1):
         states, metrics, rows, steps, models = {}, {}, [], [], {}
-        for direction in p.model.directions:
+        for direction, i in itertools.product(p.model.directions, range(hp.members)):
             t0 = time.perf_counter()
             log: list[dict] = []
-            name = f"checkpoint-{direction}" + (f"-round{r}" if r else "")
-            model, history = fit_classifier(p, paths, direction, paths.art("finetune_lm", f"lm-{direction}.pt"),
-                                            paths.art("train_classifier", f"{name}.pt"), log, pseudo)
-            states[direction] = model.state_dict()
-            models[direction] = model
-            rows += [dict(direction=direction, **row) for row in history]
+            name = member_name(direction, i)
+            ckpt = paths.art("train_classifier", f"checkpoint-{name}" + (f"-round{r}" if r else "") + ".pt")
+            member = replace(p, classifier=replace(hp, seed=hp.seed + 1000 * i))
+            model, history = fit_classifier(member, paths, direction, paths.art("finetune_lm", f"lm-{direction}.pt"),
+                                            ckpt, log, pseudo)
+            states[name] = model.state_dict()
+            models[name] = model
+            rows += [dict(direction=name, **row) for row in history]
             steps = steps or log
-            metrics[direction] = dict(valid_accuracy=history[-1]["valid_accuracy"],
-                                      valid_loss=history[-1]["valid_loss"], train_s=time.perf_counter() - t0)
+            metrics[name] = dict(valid_accuracy=history[-1]["valid_accuracy"],
+                                 valid_loss=history[-1]["valid_loss"], train_s=time.perf_counter() - t0)
         if rounds:
             self_training[f"round{r}_valid_accuracy"] = float(np.mean([m["valid_accuracy"] for m in metrics.values()]))
         if r < rounds:
