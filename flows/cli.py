@@ -260,14 +260,18 @@ def data_download(name: str = typer.Argument(..., help="wikitext-103 | imdb"),
 @experiment_app.command("sample-efficiency")
 def sample_efficiency(budgets: str = typer.Option("100,200,500,1000,all", help="Label budgets, comma-separated; 'all' = every row."),
                       seeds: str = typer.Option("0,1,2", help="Seeds per budget (label draw and classifier init)."),
-                      params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt) -> None:
+                      params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
+                      resume: bool = typer.Option(False, help="Keep the rows of plots/sample_efficiency.csv whose "
+                                                  "cell had the same params and data (any budget); run only the "
+                                                  "missing cells. The CSV is rewritten after every cell.")) -> None:
     """Test error vs labelled examples for every evaluate.variants entry: CSV + PNG in plots/, logged to MLflow."""
     from flows.experiments import run_sample_efficiency
 
-    rows = run_sample_efficiency(budgets.split(","), [int(x) for x in seeds.split(",")], str(params), set_ or [])
+    rows = run_sample_efficiency(budgets.split(","), [int(x) for x in seeds.split(",")], str(params), set_ or [],
+                                 resume=resume)
     t = Table(title="mean test error % by label budget")
     variants = sorted({r["variant"] for r in rows})
-    budget_list = list(dict.fromkeys(r["budget"] for r in rows))
+    budget_list = sorted({r["budget"] for r in rows}, key=lambda b: (b == "all", int(b) if b != "all" else 0))
     t.add_column("variant")
     for b in budget_list:
         t.add_column(b)

@@ -1,7 +1,14 @@
-"""Sample efficiency: test error against the number of labelled examples, per variant (the paper's Figure 3)."""
+"""Sample efficiency: test error against the number of labelled examples, per variant (the paper's Figure 3).
+
+A sweep takes hours on CPU, so the CSV is rewritten after every (budget, seed) cell, and `resume` keeps the
+rows of an earlier CSV whose cell had the same params and data bytes: an interrupted sweep, or one split
+over several invocations (`--budgets 100,200` then `--budgets 500,all`), ends with every row in one CSV.
+"""
 
 from __future__ import annotations
 
+import csv
+import hashlib
 import json
 from pathlib import Path
 
@@ -9,12 +16,12 @@ import mlflow
 from prefect import flow, get_run_logger
 
 from flows.ulmfit import ensure_demo_data, run_name, run_stage_tasks
-from tasks.cache import cache_dir
+from tasks.cache import cache_dir, content_digest
 from tasks.tracking import ensure_experiment, log_figure_png, metric_key, start_pipeline_run
-from transfer.config import load_params
+from transfer.config import Params, load_params
 from transfer.io_utils import write_csv, write_json
 from transfer.plots import plot_sample_efficiency
-from transfer.stages import Paths
+from transfer.stages import Paths, stage_inputs
 
 DEFAULT_BUDGETS = ["100", "200", "500", "1000", "all"]
 
@@ -25,10 +32,30 @@ def _budget_overrides(budget: str, seed: int) -> list[str]:
     return [f"data.max_train_labels={labels}", f"data.label_seed={seed}", f"classifier.seed={seed}"]
 
 
+def cell_digest(p: Params, root: Path) -> str:
+    """What a cell's rows depend on besides code: every param and the bytes of the labelled data files."""
+    data = {str(f): content_digest(root / f) for f in stage_inputs(p, "prepare")}
+    return hashlib.sha256(json.dumps([p.to_dict(), data], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _read_rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        try:
+            r.update(seed=int(r["seed"]), n_labels=int(r["n_labels"]),
+                     **{k: float(r[k]) for k in ("error", "accuracy", "macro_f1")})
+        except (KeyError, ValueError):
+            return []  # not a sweep CSV of this version: nothing to resume from
+    return rows
+
+
 @flow(name="sample-efficiency", log_prints=True)
 def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | None = None,
                            params_path: str = "params.yaml", overrides: list[str] | None = None,
-                           root: str = ".") -> list[dict]:
+                           root: str = ".", resume: bool = False) -> list[dict]:
     """Classifier tuning and baselines at each label budget and seed; tokenizer and LM stages are cache hits."""
     logger = get_run_logger()
     budgets, seeds = budgets or DEFAULT_BUDGETS, seeds if seeds is not None else [0, 1, 2]
@@ -36,13 +63,31 @@ def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | 
     paths = Paths(root_path)
     base = load_params(root_path / params_path, overrides or [])
     ensure_demo_data(base, root_path)
+
+    def cell(budget: str, seed: int) -> Params:
+        return load_params(root_path / params_path, [*(overrides or []), *_budget_overrides(budget, seed)])
+
+    csv_path = paths.plot("sample_efficiency.csv")
     rows: list[dict] = []
+    if resume:
+        previous = _read_rows(csv_path)
+        digests = {key: cell_digest(cell(*key), root_path) for key in {(r["budget"], r["seed"]) for r in previous}}
+        rows = [r for r in previous if r.get("params_digest") == digests[r["budget"], r["seed"]]]
+        logger.info(f"resume: {len({(r['budget'], r['seed']) for r in rows})} cells kept from {csv_path}, "
+                    f"{len(previous) - len(rows)} rows of other params or data dropped")
+    done = {(r["budget"], r["seed"]) for r in rows}
     experiment_id = ensure_experiment(base.mlflow.experiment, root_path / base.mlflow.artifact_location)
     with start_pipeline_run(f"sample-efficiency-{run_name(base)}", base.to_dict(), experiment_id=experiment_id,
-                            tags={"experiment": "sample-efficiency"}):
+                            tags={"experiment": "sample-efficiency", "resumed_cells": str(len(done))}):
+        for r in rows:
+            mlflow.log_metric(metric_key(f"{r['variant']}.error.b{r['budget']}"), r["error"], step=r["seed"])
         for budget in budgets:
             for seed in seeds:
-                p = load_params(root_path / params_path, [*(overrides or []), *_budget_overrides(budget, seed)])
+                if (budget, seed) in done:
+                    logger.info(f"budget {budget} seed {seed}: kept from {csv_path}")
+                    continue
+                p = cell(budget, seed)
+                digest = cell_digest(p, root_path)
                 results, states = run_stage_tasks(p, paths, log_to_mlflow=False)
                 lm_states = {s: states[s]["state"] for s in ("tokenize", "pretrain", "finetune_lm")}
                 logger.info(f"budget {budget} seed {seed}: LM stages {lm_states}")
@@ -52,9 +97,11 @@ def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | 
                 for variant, m in results["evaluate"]["variants"].items():
                     rows.append(dict(variant=variant, budget=budget, n_labels=n_labels, seed=seed, lm_texts=lm_texts,
                                      error=m["error_rate"], accuracy=m["accuracy"], macro_f1=m["macro_f1"],
-                                     lm_cache=",".join(f"{k}={v}" for k, v in lm_states.items())))
+                                     lm_cache=",".join(f"{k}={v}" for k, v in lm_states.items()),
+                                     params_digest=digest))
                     mlflow.log_metric(metric_key(f"{variant}.error.b{budget}"), m["error_rate"], step=seed)
-        csv_path = write_csv(paths.plot("sample_efficiency.csv"), rows)
+                write_csv(csv_path, rows)  # after every cell: an interrupted sweep keeps what it finished
+        write_csv(csv_path, rows)
         transductive = " (LM also tuned on test texts)" if base.data.domain_include_test else ""
         png = plot_sample_efficiency(rows, paths.plot("sample_efficiency.png"),
                                      f"test error vs labelled examples{transductive} (mean, min-max over seeds)")
@@ -72,9 +119,10 @@ def _summary(rows: list[dict]) -> dict:
 
 
 def run_sample_efficiency(budgets: list[str], seeds: list[int], params_path: str = "params.yaml",
-                          overrides: list[str] | None = None, root: str | Path = ".") -> list[dict]:
+                          overrides: list[str] | None = None, root: str | Path = ".", resume: bool = False,
+                          ) -> list[dict]:
     with cache_dir(Path(root) / ".prefect-results"):
-        return sample_efficiency_flow(budgets, seeds, params_path, list(overrides or []), str(root))
+        return sample_efficiency_flow(budgets, seeds, params_path, list(overrides or []), str(root), resume)
 
 
 if __name__ == "__main__":

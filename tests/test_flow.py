@@ -95,3 +95,37 @@ def test_sample_efficiency_reuses_the_cached_lms_and_writes_curve(first_run):
         "label budgets never retrain the tokenizer or the language models"
     assert (ws / "plots" / "sample_efficiency.png").read_bytes()[:4] == b"\x89PNG"
     assert len((ws / "plots" / "sample_efficiency.csv").read_text().splitlines()) == 1 + len(rows)
+
+
+def test_sample_efficiency_resume_keeps_matching_cells_and_reruns_stale_ones(first_run):
+    import csv
+
+    from flows.experiments import run_sample_efficiency
+
+    ws, _ = first_run
+    path = ws / "plots" / "sample_efficiency.csv"
+    if not path.exists():  # run on its own: make the earlier sweep's CSV
+        run_sample_efficiency(["40", "all"], [0, 1])
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    # mark two cells so the resumed CSV shows what happened to each: (40, 0) keeps its digest, (40, 1) does not
+    for r in rows:
+        if r["budget"] == "40":
+            r["error"] = "0.987"
+            if r["seed"] == "1":
+                r["params_digest"] = "stale"
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+    resumed = run_sample_efficiency(["40"], [0, 1], resume=True)
+    cells = {(r["budget"], r["seed"]): r["error"] for r in resumed}
+    assert set(cells) == {("40", 0), ("40", 1), ("all", 0), ("all", 1)}, "other budgets' matching rows are kept"
+    assert cells["40", 0] == 0.987, "a cell with the same params and data is not rerun"
+    assert cells["40", 1] != 0.987, "a cell whose params digest changed is rerun"
+    assert len(path.read_text().splitlines()) == 1 + len(resumed)
+
+    # another param: no earlier cell matches, so nothing is kept
+    fresh = run_sample_efficiency(["40"], [0], overrides=["classifier.lr=0.03"], resume=True)
+    assert {(r["budget"], r["seed"]) for r in fresh} == {("40", 0)} and fresh[0]["error"] != 0.987
