@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from transfer.config import load_params
 from transfer.errors import TransferError
-from transfer.evaluate import Predictor
+from transfer.evaluate import Predictor, save_classifier
+from transfer.model import AWDLSTMConfig
 from transfer.pseudo import select_pseudo_labels
 from transfer.stages import Paths, run_stage
 from transfer.train import load_checkpoint
@@ -133,3 +134,10 @@ def test_members_are_seeded_apart_and_the_bundle_averages_them(workspace):
     assert Predictor.from_dir(bundle, ["fwd"]).models.keys() == {"fwd", "fwd-1"}
     with pytest.raises(TransferError, match="no bwd classifier in this bundle"):
         Predictor.from_dir(bundle, ["bwd"])
+
+    # a smaller bundle written over it (members lowered to 1) keeps no stale member
+    meta = json.loads((bundle / "meta.json").read_text())
+    save_classifier(bundle, paths.art("tokenize", "spm.model"), meta["classes"],
+                    AWDLSTMConfig(**meta["config"]), {"fwd": w0}, meta["bptt"], meta["max_len"])
+    assert sorted(f.name for f in bundle.glob("*.pt")) == ["fwd.pt"]
+    assert list(Predictor.from_dir(bundle).models) == ["fwd"]

@@ -85,6 +85,9 @@ def save_classifier(out_dir: Path, tokenizer_path: Path, classes: list[str], cfg
     # meta.json last: a bundle without it is incomplete and refuses to load
     write_json(out_dir / "meta.json", dict(classes=list(classes), config=cfg.to_dict(), bptt=bptt,
                                            max_len=max_len, members=sorted(states)))
+    for stale in out_dir.glob("*.pt"):  # members of an earlier, larger bundle
+        if stale.stem not in states:
+            stale.unlink()
     return out_dir
 
 
@@ -118,15 +121,15 @@ class Predictor:
                 raise TransferError(f"{path}: no {'/'.join(missing)} classifier in this bundle (it has {names})")
             names = [n for n in names if member_direction(n) in directions]
         models = {}
-        for d in names:
+        for name in names:
             model = TextClassifier(cfg, len(meta["classes"]), bptt=meta["bptt"], max_len=meta["max_len"])
-            state = load_checkpoint(path / f"{d}.pt")
+            state = load_checkpoint(path / f"{name}.pt")
             try:
                 model.load_state_dict(state)
             except RuntimeError as e:
-                raise TransferError(f"{path / f'{d}.pt'}: weights do not fit the architecture in meta.json "
+                raise TransferError(f"{path / f'{name}.pt'}: weights do not fit the architecture in meta.json "
                                     f"({str(e).splitlines()[0]})") from None
-            models[d] = model.to(device).eval()
+            models[name] = model.to(device).eval()
         return cls(tokenizer, models, meta["classes"], batch_size)
 
     def predict_proba(self, texts: list[str]) -> np.ndarray:
@@ -134,9 +137,11 @@ class Predictor:
         if len(texts) == 0:
             return np.zeros((0, len(self.classes)), dtype=np.float32)
         docs = Docs.from_lists(self.tokenizer.encode(list(texts)))
-        probs = [softmax(classifier_logits(m, ClassificationLoader(docs, None, self.batch_size, train=False,
-                                                                   pad_id=PAD_ID, backwards=member_direction(d) == "bwd")))
-                 for d, m in self.models.items()]
+        probs = []
+        for name, m in self.models.items():
+            loader = ClassificationLoader(docs, None, self.batch_size, train=False, pad_id=PAD_ID,
+                                          backwards=member_direction(name) == "bwd")
+            probs.append(softmax(classifier_logits(m, loader)))
         return np.mean(probs, axis=0)
 
     def predict(self, texts: list[str]) -> list[str]:
