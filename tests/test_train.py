@@ -16,7 +16,7 @@ from transfer.errors import TransferError
 from transfer.model import LanguageModel, TextClassifier, classifier_config, lm_config
 from transfer.train import (
     Phase, _lm_step, autocast, cpu_supports_bf16, finetune_lm, load_checkpoint, lr_find, pretrain_lm,
-    train_classifier, unfreezing_phases,
+    train_classifier, unfreezing_phases, valley_lr,
 )
 
 V = 40
@@ -209,6 +209,18 @@ def test_lr_find_sweeps_exponentially_and_restores_weights():
     assert min(losses) < losses[0] and 1e-6 < suggestion < 10
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def test_valley_suggestion_lies_in_the_descent_not_in_the_noise_before_it():
+    # the shape of AG News' classifier curve: a noisy, nearly flat start, a long descent, then divergence
+    lrs = list(np.geomspace(1e-7, 10, 100))
+    noise = np.random.default_rng(0).normal(0, 0.03, 100)
+    losses = [1.5 + noise[i] if lr < 1e-4 else 1.45 - 0.45 * np.log10(lr / 1e-4) / 3.5 if lr < 0.3
+              else 1.0 + 3 * (lr - 0.3) for i, lr in enumerate(lrs)]
+    # what the steepest-slope rule picked here: a point of the noise, orders of magnitude too low
+    assert lrs[int(np.argmin(np.gradient(losses, np.log(lrs))))] < 1e-4
+    assert 1e-3 < valley_lr(lrs, losses) < 0.3
+    assert valley_lr(lrs[:1], losses[:1]) == lrs[0]
 
 
 @pytest.mark.parametrize("precision", ["auto", "fp32", "bf16"])

@@ -32,7 +32,8 @@ from transfer.schedules import discriminative_lrs, lr_at
 
 __all__ = [
     "Phase", "pick_device", "autocast", "keep_freed_memory", "fit", "pretrain_lm", "finetune_lm", "train_classifier",
-    "lm_perplexity", "classifier_logits", "lr_find", "classifier_lr_find", "save_checkpoint", "load_checkpoint",
+    "lm_perplexity", "classifier_logits", "lr_find", "valley_lr", "classifier_lr_find", "save_checkpoint",
+    "load_checkpoint",
 ]
 
 
@@ -440,7 +441,7 @@ def lr_find(model: nn.Module, batches: Iterator[tuple], step_loss: StepLoss, sta
 
     Only trainable params move. With `lr_decay` > 1 each lower layer group gets lr / lr_decay of the group
     above, as in training, and the LRs reported are the top group's.
-    Returns (lrs, smoothed losses, suggested LR = the LR of steepest descent of the smoothed loss).
+    Returns (lrs, smoothed losses, suggested LR: `valley_lr`).
     """
     saved = copy.deepcopy(model.state_dict())
     device = pick_device()
@@ -475,10 +476,26 @@ def lr_find(model: nn.Module, batches: Iterator[tuple], step_loss: StepLoss, sta
     model.load_state_dict(saved)
     if hasattr(model, "reset"):
         model.reset()
-    if len(losses) < 3:
-        return lrs, losses, lrs[0] if lrs else start_lr
-    grads = np.gradient(np.array(losses), np.log(np.array(lrs)))
-    return lrs, losses, float(lrs[int(np.argmin(grads))])
+    return lrs, losses, valley_lr(lrs, losses) if lrs else start_lr
+
+
+def valley_lr(lrs: list[float], losses: list[float]) -> float:
+    """fastai's "valley" suggestion: 2/3 of the way down the longest decreasing run of the loss curve.
+
+    The longest decreasing subsequence (not necessarily contiguous) spans the real descent; steepest-slope
+    picks land on the noise of the first few smoothed points instead (on AG News: 1e-7 in every phase).
+    """
+    n = len(losses)
+    run = [1] * n  # run[i]: length of the longest decreasing subsequence ending at i
+    start = end = 0
+    for i in range(1, n):
+        for j in range(i):
+            if losses[i] < losses[j] and run[i] < run[j] + 1:
+                run[i] = run[j] + 1
+            if run[end] < run[i]:
+                end, start = i, i - run[i]
+    third = (end - start) / 3
+    return float(lrs[min(n - 1, start + int(third) + int(third / 2))])
 
 
 def classifier_lr_find(model: TextClassifier, train: ClassificationLoader, hp: TrainHP, num_it: int = 100,
