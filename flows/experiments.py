@@ -47,6 +47,8 @@ def _read_rows(path: Path) -> list[dict]:
         try:
             r.update(seed=int(r["seed"]), n_labels=int(r["n_labels"]),
                      **{k: float(r[k]) for k in ("error", "accuracy", "macro_f1")})
+            if r["budget"] != "all":
+                int(r["budget"])
         except (KeyError, ValueError):
             return []  # not a sweep CSV of this version: nothing to resume from
     return rows
