@@ -77,6 +77,7 @@ def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | 
         rows = [r for r in previous if r.get("params_digest") == digests[r["budget"], r["seed"]]]
         logger.info(f"resume: {len({(r['budget'], r['seed']) for r in rows})} cells kept from {csv_path}, "
                     f"{len(previous) - len(rows)} rows of other params or data dropped")
+        write_csv(csv_path, rows)  # without the dropped rows, even if every cell is kept
     done = {(r["budget"], r["seed"]) for r in rows}
     experiment_id = ensure_experiment(base.mlflow.experiment, root_path / base.mlflow.artifact_location)
     with start_pipeline_run(f"sample-efficiency-{run_name(base)}", base.to_dict(), experiment_id=experiment_id,
@@ -103,7 +104,6 @@ def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | 
                                      params_digest=digest))
                     mlflow.log_metric(metric_key(f"{variant}.error.b{budget}"), m["error_rate"], step=seed)
                 write_csv(csv_path, rows)  # after every cell: an interrupted sweep keeps what it finished
-        write_csv(csv_path, rows)
         transductive = " (LM also tuned on test texts)" if base.data.domain_include_test else ""
         png = plot_sample_efficiency(rows, paths.plot("sample_efficiency.png"),
                                      f"test error vs labelled examples{transductive} (mean, min-max over seeds)")

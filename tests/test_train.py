@@ -221,6 +221,7 @@ def test_valley_suggestion_lies_in_the_descent_not_in_the_noise_before_it():
     assert lrs[int(np.argmin(np.gradient(losses, np.log(lrs))))] < 1e-4
     assert 1e-3 < valley_lr(lrs, losses) < 0.3
     assert valley_lr(lrs[:1], losses[:1]) == lrs[0]
+    assert valley_lr([1e-3, 1e-2], [1.0, 0.5]) == 1e-3  # a run from the first point: not wrapped to the last
 
 
 @pytest.mark.parametrize("precision", ["auto", "fp32", "bf16"])

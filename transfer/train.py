@@ -495,7 +495,8 @@ def valley_lr(lrs: list[float], losses: list[float]) -> float:
             if run[end] < run[i]:
                 end, start = i, i - run[i]
     third = (end - start) / 3
-    return float(lrs[min(n - 1, start + int(third) + int(third / 2))])
+    # start is one before the run (fastai's arithmetic): -1 when the run begins at the first point
+    return float(lrs[max(0, start + int(third) + int(third / 2))])
 
 
 def classifier_lr_find(model: TextClassifier, train: ClassificationLoader, hp: TrainHP, num_it: int = 100,
