@@ -157,6 +157,11 @@ def test_interrupt_then_resume_gives_the_same_weights_as_no_interruption(tmp_pat
     for (k, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6), k
     assert [r["valid_ppl"] for r in h1] == pytest.approx([r["valid_ppl"] for r in h2], rel=1e-6)
+    # The interrupted epoch reports all its steps, not only those after the resume: the same mean loss, and
+    # tokens (rate x seconds) over the whole epoch.
+    assert [r["train_loss"] for r in h1] == pytest.approx([r["train_loss"] for r in h2], rel=1e-5)
+    tokens = [r["items_per_s"] * r["time_s"] for r in h1]
+    assert [r["items_per_s"] * r["time_s"] for r in h2] == pytest.approx(tokens, rel=1e-6)
 
 
 def test_classifier_resume_mid_phase_matches(tmp_path):

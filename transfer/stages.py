@@ -215,14 +215,15 @@ def _lm_stage(stage: str, p: Params, paths: Paths, hp, stream: np.ndarray, valid
         backwards = direction == "bwd"
         train = LMLoader(stream[:cut], hp.bs, hp.bptt, backwards=backwards, seed=hp.seed, max_tokens=hp.max_tokens)
         valid = LMLoader(stream[cut:], hp.bs, hp.bptt, backwards=backwards, variable=False)
-        t0 = time.perf_counter()
         history = run(model, train, valid, hp, ckpt_path=paths.art(stage, f"checkpoint-{direction}.pt"),
                       fingerprint=_fingerprint(stage, asdict(hp), _arch(p), data_id(direction), direction))
         _save_state(paths.art(stage, f"lm-{direction}.pt"), model.state_dict())
         rows += [dict(direction=direction, **r) for r in history]
+        # Summed over epochs, which carry their time across an interruption: a resumed run reports its whole cost.
+        train_s = sum(r["time_s"] for r in history)
         metrics[direction] = dict(valid_ppl=history[-1]["valid_ppl"], valid_loss=history[-1]["valid_loss"],
-                                  tokens_per_s=float(np.mean([r["items_per_s"] for r in history])),
-                                  train_s=time.perf_counter() - t0, train_tokens=train.tokens_per_epoch())
+                                  tokens_per_s=sum(r["items_per_s"] * r["time_s"] for r in history) / max(train_s, 1e-9),
+                                  train_s=train_s, train_tokens=train.tokens_per_epoch())
     write_csv(paths.plot(f"{stage}_history.csv"), rows)
     plot_history(rows, paths.plot(f"{stage}_loss.png"), f"{stage}: loss per epoch")
     write_json(paths.metrics(stage), metrics)

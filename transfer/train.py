@@ -165,6 +165,9 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
     history: list[dict[str, float]] = []
     pos = dict(phase=0, epoch_in_phase=0, step_in_epoch=0, global_epoch=0, global_step=0)
     best = dict(value=None, state=None, bad_epochs=0)
+    # The current epoch's running totals, checkpointed with it so that a resumed epoch reports the loss, time
+    # (training seconds, summed over invocations) and throughput of the whole epoch, not of its last part.
+    acc, t0 = dict(items=0, loss_sum=0.0, loss_n=0, seconds=0.0), time.perf_counter()
 
     if ckpt_path is not None and Path(ckpt_path).exists():
         ck = _try_resume(ckpt_path, fingerprint)
@@ -172,6 +175,7 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
             model.load_state_dict(ck["model"])
             opt.load_state_dict(ck["optimizer"])
             history, pos, best = ck["history"], ck["position"], ck["best"]
+            acc = ck.get("epoch_acc", acc)
             steps[:] = ck.get("steps", [])
             torch.set_rng_state(ck["rng_torch"])
             if ck.get("hidden") is not None:
@@ -185,7 +189,7 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
         save_checkpoint(ckpt_path, dict(
             fingerprint=fingerprint, model=model.state_dict(), optimizer=opt.state_dict(), history=history,
             position=dict(pos), best=best, steps=steps, rng_torch=torch.get_rng_state(), hidden=_hidden_state(model),
-            finished=finished))
+            epoch_acc=dict(acc, seconds=acc["seconds"] + time.perf_counter() - t0), finished=finished))
 
     mode_sign = 1 if monitor[1] == "min" else -1
     stopped = False
@@ -204,7 +208,9 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
             n_steps = steps_in_epoch(epoch)
             bar = tqdm(total=n_steps, initial=pos["step_in_epoch"], disable=None if progress else True, leave=False,
                        desc=f"{desc} phase {pos['phase'] + 1}/{len(phases)} epoch {epoch + 1}")
-            t0, items, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
+            if pos["step_in_epoch"] == 0:
+                acc = dict(items=0, loss_sum=0.0, loss_n=0, seconds=0.0)
+            t0 = time.perf_counter()
             for batch in batches(epoch, pos["step_in_epoch"]):
                 step = steps_before + pos["step_in_epoch"]
                 with autocast(device, hp.precision):
@@ -218,22 +224,23 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
                 opt.step()
                 loss_value = loss.item()
                 steps.append(dict(step=pos["global_step"], lr=opt.param_groups[-1]["lr"], loss=loss_value))
-                items += n_items
-                loss_sum, loss_n = loss_sum + loss_value, loss_n + 1
+                acc.update(items=acc["items"] + n_items, loss_sum=acc["loss_sum"] + loss_value,
+                           loss_n=acc["loss_n"] + 1)
                 pos["step_in_epoch"] += 1
                 pos["global_step"] += 1
-                rate = items / max(time.perf_counter() - t0, 1e-9)
+                rate = acc["items"] / max(acc["seconds"] + time.perf_counter() - t0, 1e-9)
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss_sum / loss_n:.3f}", **{f"{unit}/s": f"{rate:,.0f}"})
+                bar.set_postfix(loss=f"{acc['loss_sum'] / acc['loss_n']:.3f}", **{f"{unit}/s": f"{rate:,.0f}"})
                 if hp.checkpoint_every and pos["global_step"] % hp.checkpoint_every == 0:
                     checkpoint()
                 if stop_after_steps is not None and pos["global_step"] >= stop_after_steps:
                     bar.close()
                     return history
             bar.close()
+            seconds = acc["seconds"] + time.perf_counter() - t0
             row = dict(phase=pos["phase"], epoch=epoch, step=pos["global_step"],
-                       train_loss=loss_sum / max(loss_n, 1), lr=opt.param_groups[-1]["lr"],
-                       items_per_s=items / max(time.perf_counter() - t0, 1e-9), time_s=time.perf_counter() - t0)
+                       train_loss=acc["loss_sum"] / max(acc["loss_n"], 1), lr=opt.param_groups[-1]["lr"],
+                       items_per_s=acc["items"] / max(seconds, 1e-9), time_s=seconds)
             if validate is not None:
                 row.update(validate(model))
                 model.train()
