@@ -167,7 +167,8 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
     best = dict(value=None, state=None, bad_epochs=0)
     # The current epoch's running totals, checkpointed with it so that a resumed epoch reports the loss, time
     # (training seconds, summed over invocations) and throughput of the whole epoch, not of its last part.
-    acc, t0 = dict(items=0, loss_sum=0.0, loss_n=0, seconds=0.0), time.perf_counter()
+    new_epoch = dict(items=0, loss_sum=0.0, loss_n=0, seconds=0.0)
+    acc, t0 = dict(new_epoch), time.perf_counter()
 
     if ckpt_path is not None and Path(ckpt_path).exists():
         ck = _try_resume(ckpt_path, fingerprint)
@@ -209,7 +210,7 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
             bar = tqdm(total=n_steps, initial=pos["step_in_epoch"], disable=None if progress else True, leave=False,
                        desc=f"{desc} phase {pos['phase'] + 1}/{len(phases)} epoch {epoch + 1}")
             if pos["step_in_epoch"] == 0:
-                acc = dict(items=0, loss_sum=0.0, loss_n=0, seconds=0.0)
+                acc = dict(new_epoch)
             t0 = time.perf_counter()
             for batch in batches(epoch, pos["step_in_epoch"]):
                 step = steps_before + pos["step_in_epoch"]
