@@ -232,12 +232,28 @@ def test_valley_suggestion_lies_in_the_descent_not_in_the_noise_before_it():
 @pytest.mark.parametrize("precision", ["auto", "fp32", "bf16"])
 def test_precision_param_picks_bf16_only_where_asked_or_supported(precision):
     cpu = torch.device("cpu")
+    if precision == "bf16" and not cpu_supports_bf16():
+        with pytest.raises(TransferError, match="native bf16.*'auto' or 'fp32'"):
+            autocast(cpu, precision)
+        return
     expect_bf16 = precision == "bf16" or (precision == "auto" and cpu_supports_bf16())
     with autocast(cpu, precision):
         out = torch.ones(4, 4) @ torch.ones(4, 4)
     assert out.dtype == (torch.bfloat16 if expect_bf16 else torch.float32)
 
 
+def test_bf16_without_native_support_fails_before_training(monkeypatch, tmp_path):
+    # on AVX2 torch's LSTM has no bf16 kernel: asking for bf16 there must fail clearly, before any checkpoint
+    monkeypatch.setattr("transfer.train.cpu_supports_bf16", lambda: False)
+    model, stream = small_lm(), markov_stream(4000)
+    hp = replace(LM_HP, epochs=1, precision="bf16", checkpoint_every=1)
+    with pytest.raises(TransferError, match="precision 'bf16'"):
+        pretrain_lm(model, LMLoader(stream, hp.bs, hp.bptt), None, hp, progress=False, ckpt_path=tmp_path / "lm.pt",
+                    fingerprint="f")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not cpu_supports_bf16(), reason="this CPU has no native bf16 (AVX-512 BF16 or AMX)")
 def test_bf16_training_keeps_fp32_weights():
     model, stream = small_lm(), markov_stream(4000)
     hp = replace(LM_HP, epochs=1, precision="bf16")

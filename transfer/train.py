@@ -92,7 +92,7 @@ def keep_freed_memory() -> bool:
 
 @functools.cache
 def cpu_supports_bf16() -> bool:
-    """True where the CPU computes bf16 natively (AVX-512 BF16 or AMX); elsewhere bf16 is emulated, and slower."""
+    """True where the CPU computes bf16 natively (AVX-512 BF16 or AMX); elsewhere it is emulated or missing."""
     if "AMX" in torch.backends.cpu.get_cpu_capability():
         return True
     try:
@@ -108,6 +108,10 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     Measured on AVX-512 BF16 (2 cores, 256/512 LM, 300k tokens): 1.55x tokens/s, WikiText-2 ppl within 0.1%.
     Autocast keeps weights and optimizer state in fp32; losses are computed on `.float()` logits.
     """
+    if precision == "bf16" and device.type == "cpu" and not cpu_supports_bf16():
+        # emulated bf16 would only be slower, and torch's oneDNN LSTM has no bf16 kernel there: it fails mid-step
+        raise TransferError(f"precision 'bf16' needs a CPU with native bf16 (AVX-512 BF16 or AMX); this one has "
+                            f"{torch.backends.cpu.get_cpu_capability()}: set precision to 'auto' or 'fp32'")
     use_bf16 = precision == "bf16" or (precision == "auto" and (device.type == "cuda" or cpu_supports_bf16()))
     return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
 
