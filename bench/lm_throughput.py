@@ -31,6 +31,7 @@ from pathlib import Path
 SIZES = {
     "default": dict(emb=400, hidden=1152, vocab=15000),
     "small": dict(emb=256, hidden=512, vocab=8000),
+    "ag_news": dict(emb=256, hidden=512, vocab=16000),  # examples/ag_news.yaml
 }
 N_LAYERS = 3
 
