@@ -264,12 +264,15 @@ def sample_efficiency(budgets: str = typer.Option("100,200,500,1000,all", help="
                       params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
                       resume: bool = typer.Option(False, help="Keep the rows of plots/sample_efficiency.csv whose "
                                                   "cell had the same params and data (any budget); run only the "
-                                                  "missing cells. The CSV is rewritten after every cell.")) -> None:
+                                                  "missing cells. The CSV is rewritten after every cell."),
+                      lock_timeout: float = typer.Option(0, help="Seconds to wait for another run in this "
+                                                         "workspace (0: refuse).")) -> None:
     """Test error vs labelled examples for every evaluate.variants entry: CSV + PNG in plots/, logged to MLflow."""
     from flows.experiments import run_sample_efficiency
 
-    rows = run_sample_efficiency(budgets.split(","), [int(x) for x in seeds.split(",")], str(params), set_ or [],
-                                 resume=resume)
+    with workspace_lock(lock_timeout):  # it reruns the workspace's stages: a concurrent run would mix their outputs
+        rows = run_sample_efficiency(budgets.split(","), [int(x) for x in seeds.split(",")], str(params),
+                                     set_ or [], resume=resume)
     t = Table(title="mean test error % by label budget")
     variants = sorted({r["variant"] for r in rows})
     budget_list = sorted({r["budget"] for r in rows}, key=lambda b: (b == "all", int(b) if b != "all" else 0))

@@ -1,4 +1,4 @@
-"""Two `transfer run`s on one workspace: the second refuses, or queues with --lock-timeout; one champion."""
+"""Two `transfer` processes on one workspace: the second refuses, or queues with --lock-timeout; one champion."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import subprocess
 import time
 
 import pytest
+from filelock import FileLock
 from mlflow import MlflowClient
 
 from tests.conftest import make_workspace
@@ -36,3 +37,12 @@ def test_a_second_run_refuses_or_waits_for_the_workspace_lock(tmp_path):
     model = client.get_registered_model("transfer-classifier")
     assert set(model.aliases) == {"champion", "challenger"}
     assert len(client.search_model_versions("name='transfer-classifier'")) == 1, "a cached rerun registers nothing"
+
+
+def test_sample_efficiency_refuses_while_another_process_holds_the_workspace(tmp_path):
+    ws = make_workspace(tmp_path / "ws", FAST)
+    with FileLock(ws / ".transfer.lock"):
+        out = subprocess.run([TRANSFER, "experiment", "sample-efficiency", "--budgets", "all", "--seeds", "0"],
+                             cwd=ws, env=_env(ws), capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and ".transfer.lock" in out.stderr and "Traceback" not in out.stderr
+    assert not (ws / "plots" / "sample_efficiency.csv").exists()
