@@ -237,6 +237,55 @@ def schedule(cron: str = typer.Option(None, help="Cron expression; default: sche
     serve_scheduled(str(params), set_ or [], cron)
 
 
+@app.command()
+def status(as_json: bool = typer.Option(False, "--json", help="Print the status as JSON (for scripts)."),
+           ) -> None:
+    """Where the pipeline in this workspace stands: each stage done, part-trained (progress, ETA) or not started.
+
+    Reads metrics/ and the training checkpoints only; safe to run beside a running pipeline.
+    """
+    from transfer.status import format_duration, workspace_status
+
+    stages = workspace_status(Path("."))
+    held = _lock_held()
+    if as_json:
+        typer.echo(json.dumps(dict(lock_held=held, stages=stages), indent=2))
+        return
+    t = Table(title=f"workspace {Path.cwd()}")
+    for col in ("stage", "state", "progress"):
+        t.add_column(col)
+    colour = {"done": "green", "training": "yellow", "not started": "dim"}
+    for s in stages:
+        lines = [s["summary"]] if s["summary"] and s["state"] == "done" else []
+        for c in s["checkpoints"]:
+            if c["finished"]:
+                continue
+            total = c["total_steps"]
+            of = f"/{total:,} ({100 * c['step'] / max(total, 1):.0f}%)" if total else ""
+            epochs = f", epoch {c['epochs_done'] + 1}" + (f"/{c['total_epochs']}" if c["total_epochs"] else "")
+            eta = f", ~{format_duration(c['eta_s'])} to go" if c["eta_s"] is not None else ""
+            lines.append(f"{c['name']}: step {c['step']:,}{of}{epochs}, {format_duration(c['train_s'])} trained{eta}")
+        t.add_row(s["stage"], f"[{colour[s['state']]}]{s['state']}[/]", "\n".join(lines))
+    Console().print(t)
+    if any(s["state"] == "training" for s in stages):
+        console.print("a transfer process is running in this workspace" if held else
+                      "no transfer process holds the workspace lock: unfinished checkpoints resume on the next run "
+                      "(if params and data are unchanged)")
+
+
+def _lock_held() -> bool:
+    """Whether another process holds the workspace lock (checked without creating a lock file)."""
+    from filelock import FileLock, Timeout
+
+    if not Path(LOCK).exists():
+        return False
+    try:
+        with FileLock(LOCK, timeout=0):
+            return False
+    except Timeout:
+        return True
+
+
 @data_app.command("demo")
 def data_demo(out: Path = typer.Option(Path("data/demo"), help="Folder for general.txt, train.csv, test.csv."),
               seed: int = typer.Option(0)) -> None:

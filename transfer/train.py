@@ -173,6 +173,8 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
     # (training seconds, summed over invocations) and throughput of the whole epoch, not of its last part.
     new_epoch = dict(items=0, loss_sum=0.0, loss_n=0, seconds=0.0)
     acc, t0 = dict(new_epoch), time.perf_counter()
+    total_epochs = sum(ph.epochs for ph in phases)
+    total_steps = sum(steps_in_epoch(e) for e in range(total_epochs))  # for `transfer status`: progress, ETA
 
     if ckpt_path is not None and Path(ckpt_path).exists():
         ck = _try_resume(ckpt_path, fingerprint)
@@ -194,7 +196,8 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
         save_checkpoint(ckpt_path, dict(
             fingerprint=fingerprint, model=model.state_dict(), optimizer=opt.state_dict(), history=history,
             position=dict(pos), best=best, steps=steps, rng_torch=torch.get_rng_state(), hidden=_hidden_state(model),
-            epoch_acc=dict(acc, seconds=acc["seconds"] + time.perf_counter() - t0), finished=finished))
+            epoch_acc=dict(acc, seconds=acc["seconds"] + time.perf_counter() - t0), finished=finished,
+            total_steps=total_steps, total_epochs=total_epochs))
 
     mode_sign = 1 if monitor[1] == "min" else -1
     stopped = False

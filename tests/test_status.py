@@ -1,0 +1,81 @@
+"""`transfer status`: each stage's state, and how far an unfinished training run is, read from the workspace."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+from filelock import FileLock
+
+from tests.test_crash_resume import FAST, TRANSFER
+from tests.test_crash_resume import _env as _run_env
+from tests.test_train import _lm_run
+from tests.conftest import make_workspace
+from transfer.config import load_params
+from transfer.stages import run_stage
+from transfer.status import checkpoint_progress, format_duration, workspace_status
+
+
+def _env(ws):
+    return {**_run_env(ws), "COLUMNS": "200"}  # rich wraps the table at 80 columns without a terminal
+
+
+def test_an_interrupted_run_reports_the_steps_it_will_reach_and_a_finished_one_reaches_them(tmp_path):
+    _lm_run(tmp_path, stop_after=25, name="checkpoint-fwd.pt")  # checkpoints every 7 steps: the last at 21
+    part = checkpoint_progress(tmp_path / "checkpoint-fwd.pt")
+    _lm_run(tmp_path, name="checkpoint-fwd.pt")  # resumes and finishes
+    done = checkpoint_progress(tmp_path / "checkpoint-fwd.pt")
+    assert not part["finished"] and done["finished"]
+    assert part["step"] == 21 and part["total_epochs"] == done["total_epochs"] == 2
+    assert part["total_steps"] == done["step"] == done["total_steps"], "the promised total is the steps trained"
+    assert 0 < part["train_s"] < done["train_s"]
+    # ETA: the remaining steps at the seconds a step measured so far
+    assert part["eta_s"] == pytest.approx((part["total_steps"] - 21) * part["train_s"] / 21)
+    assert done["eta_s"] is None and "valid_ppl" in done["last_epoch"]
+
+
+def test_workspace_status_follows_the_stages(workspace, tmp_path):
+    p = load_params("params.yaml")
+    assert {s["state"] for s in workspace_status()} == {"not started"}
+    for stage in ("prepare", "tokenize", "pretrain"):
+        run_stage(stage, p)
+    status = {s["stage"]: s for s in workspace_status()}
+    assert [status[s]["state"] for s in ("prepare", "tokenize", "pretrain", "finetune_lm")] == \
+        ["done", "done", "done", "not started"]
+    ppl = json.loads((workspace / "metrics" / "pretrain.json").read_text())["fwd"]["valid_ppl"]
+    assert f"fwd valid ppl {ppl:.1f}" in status["pretrain"]["summary"]
+    assert "vocab 200" in status["tokenize"]["summary"]
+    # an unfinished checkpoint in a stage's folder: the stage is training (now, or on the next run)
+    _lm_run(tmp_path, stop_after=10, name="ck.pt")
+    (workspace / "artifacts" / "finetune_lm").mkdir()
+    shutil.copy(tmp_path / "ck.pt", workspace / "artifacts" / "finetune_lm" / "checkpoint-fwd.pt")
+    status = {s["stage"]: s for s in workspace_status()}
+    assert status["finetune_lm"]["state"] == "training"
+    assert [(c["name"], c["step"]) for c in status["finetune_lm"]["checkpoints"]] == [("fwd", 7)]
+
+
+def test_status_cli_tells_training_progress_and_whether_a_process_holds_the_lock(tmp_path):
+    ws = make_workspace(tmp_path / "ws", FAST)
+    out = subprocess.run([TRANSFER, "status"], cwd=ws, env=_env(ws), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "not started" in out.stdout and not (ws / ".transfer.lock").exists(), "status creates no lock file"
+    _lm_run(tmp_path, stop_after=25, name="ck.pt")
+    (ws / "artifacts" / "pretrain").mkdir(parents=True)
+    shutil.copy(tmp_path / "ck.pt", ws / "artifacts" / "pretrain" / "checkpoint-fwd.pt")
+    with FileLock(ws / ".transfer.lock"):  # as a running `transfer run` holds it
+        out = subprocess.run([TRANSFER, "status", "--json"], cwd=ws, env=_env(ws), capture_output=True, text=True,
+                             timeout=120)
+        table = subprocess.run([TRANSFER, "status"], cwd=ws, env=_env(ws), capture_output=True, text=True,
+                               timeout=120)
+    report = json.loads(out.stdout)
+    assert report["lock_held"] is True
+    pretrain = next(s for s in report["stages"] if s["stage"] == "pretrain")
+    assert pretrain["state"] == "training" and pretrain["checkpoints"][0]["step"] == 21
+    assert "step 21/" in table.stdout and "to go" in table.stdout and "is running" in table.stderr
+
+
+@pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (59, "59s"), (61, "1m01s"), (3600 * 5 + 60 * 7, "5h07m")])
+def test_format_duration(seconds, text):
+    assert format_duration(seconds) == text

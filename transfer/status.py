@@ -1,0 +1,95 @@
+"""Where a workspace's pipeline stands: each stage done, part-trained (how far, how long to go) or not started.
+
+Reads only `metrics/<stage>.json` and the training checkpoints, so it can watch a running pipeline, or tell
+how much of an interrupted one the next run will resume rather than redo.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from transfer.errors import TransferError
+
+__all__ = ["checkpoint_progress", "workspace_status", "format_duration"]
+
+TRAINING_STAGES = ("pretrain", "finetune_lm", "train_classifier")
+
+
+def checkpoint_progress(path: Path) -> dict:
+    """Position of one training checkpoint: steps and epochs done (and in all), training seconds, ETA.
+
+    The ETA is the remaining steps at the checkpoint's mean seconds a step (validation time not included);
+    checkpoints written before `total_steps` was recorded report no total and no ETA.
+    """
+    try:  # mmap: the weights and optimizer state stay on disk, only the small fields are read
+        ck = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:
+        raise TransferError(f"{path}: not a readable checkpoint ({type(e).__name__})") from None
+    pos, history = ck["position"], ck["history"]
+    train_s = sum(r["time_s"] for r in history)
+    if not ck.get("finished") and pos["step_in_epoch"]:
+        train_s += ck.get("epoch_acc", {}).get("seconds", 0.0)  # the epoch in progress
+    step, total = pos["global_step"], ck.get("total_steps")
+    eta = None
+    if total is not None and not ck.get("finished") and step:
+        eta = max(total - step, 0) * train_s / step
+    last = history[-1] if history else {}
+    return dict(name=path.stem.removeprefix("checkpoint-"), finished=bool(ck.get("finished")), step=step,
+                total_steps=total, epochs_done=pos["global_epoch"], total_epochs=ck.get("total_epochs"),
+                train_s=train_s, eta_s=eta,
+                last_epoch={k: v for k, v in last.items() if k in ("train_loss", "valid_loss", "valid_ppl",
+                                                                   "valid_accuracy")})
+
+
+def _summary(stage: str, m: dict) -> str:
+    """One line of what a finished stage reported."""
+    if stage == "prepare":
+        extra = f", {m['n_train_unlabelled']:,} unlabelled" if m.get("n_train_unlabelled") else ""
+        return (f"{m['n_train']:,} train / {m['n_valid']:,} valid / {m['n_test']:,} test rows{extra}, "
+                f"{len(m['classes'])} classes")
+    if stage == "tokenize":
+        return f"vocab {m['vocab_size']:,}, {m['general_tokens']:,} general-corpus tokens"
+    if stage in ("pretrain", "finetune_lm"):
+        return ", ".join(f"{d} valid ppl {r['valid_ppl']:.1f} ({format_duration(r['train_s'])})"
+                         for d, r in m.items() if isinstance(r, dict) and "valid_ppl" in r)
+    if stage == "train_classifier":
+        return ", ".join(f"{d} valid acc {r['valid_accuracy']:.3f}"
+                         for d, r in m.items() if isinstance(r, dict) and "valid_accuracy" in r)
+    if stage == "evaluate":
+        return ", ".join(f"{v} {100 * r['error_rate']:.2f}%" for v, r in m["variants"].items()) + " test error"
+    return ""
+
+
+def workspace_status(root: Path = Path("."), stages: tuple[str, ...] | None = None) -> list[dict]:
+    """One entry per stage: state ('done', 'training', 'not started'), its summary and its checkpoints.
+
+    'training' means a checkpoint is unfinished: the stage is running now, or the next run resumes it.
+    A stage re-running after a params change is 'training' even though its old metrics file remains.
+    """
+    from transfer.stages import STAGES
+
+    out = []
+    for stage in stages or tuple(STAGES):
+        metrics_path = root / "metrics" / f"{stage}.json"
+        ckpts = sorted((root / "artifacts" / stage).glob("checkpoint-*.pt")) if stage in TRAINING_STAGES else []
+        runs = [checkpoint_progress(c) for c in ckpts]
+        summary = ""
+        if metrics_path.exists():
+            try:
+                summary = _summary(stage, json.loads(metrics_path.read_text()))
+            except (ValueError, KeyError, TypeError) as e:
+                summary = f"unreadable {metrics_path} ({type(e).__name__}: {e})"
+        state = "training" if any(not r["finished"] for r in runs) else \
+            "done" if metrics_path.exists() else "not started"
+        out.append(dict(stage=stage, state=state, summary=summary, checkpoints=runs))
+    return out
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
