@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
-from transfer.errors import TransferError
+from transfer.train import load_checkpoint
 
 __all__ = ["checkpoint_progress", "workspace_status", "format_duration"]
 
@@ -24,10 +22,7 @@ def checkpoint_progress(path: Path) -> dict:
     The ETA is the remaining steps at the checkpoint's mean seconds a step (validation time not included);
     checkpoints written before `total_steps` was recorded report no total and no ETA.
     """
-    try:  # mmap: the weights and optimizer state stay on disk, only the small fields are read
-        ck = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:
-        raise TransferError(f"{path}: not a readable checkpoint ({type(e).__name__})") from None
+    ck = load_checkpoint(path, mmap=True)  # the weights and optimizer state stay on disk
     pos, history = ck["position"], ck["history"]
     train_s = sum(r["time_s"] for r in history)
     if not ck.get("finished") and pos["step_in_epoch"]:

@@ -124,10 +124,13 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
         torch.save(state, tmp)
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load tensors and plain containers only (weights_only=True), mapped to CPU."""
+def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """Load tensors and plain containers only (weights_only=True), mapped to CPU.
+
+    `mmap`: tensors stay on disk until touched, for reading a checkpoint's small fields cheaply.
+    """
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise TransferError(f"{path}: checkpoint not found") from None
     except Exception as e:  # torch raises several types for truncated or foreign files
