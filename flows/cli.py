@@ -252,7 +252,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print the status 
         typer.echo(json.dumps(dict(lock_held=held, stages=stages), indent=2))
         return
     t = Table(title=f"workspace {Path.cwd()}")
-    for col in ("stage", "state", "progress"):
+    for col in ("stage", "state", "details"):
         t.add_column(col)
     colour = {"done": "green", "training": "yellow", "not started": "dim"}
     for s in stages:
