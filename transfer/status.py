@@ -58,7 +58,7 @@ def _summary(stage: str, m: dict) -> str:
     return ""
 
 
-def workspace_status(root: Path = Path("."), stages: tuple[str, ...] | None = None) -> list[dict]:
+def workspace_status(root: Path = Path(".")) -> list[dict]:
     """One entry per stage: state ('done', 'training', 'not started'), its summary and its checkpoints.
 
     'training' means a checkpoint is unfinished: the stage is running now, or the next run resumes it.
@@ -67,7 +67,7 @@ def workspace_status(root: Path = Path("."), stages: tuple[str, ...] | None = No
     from transfer.stages import STAGES
 
     out = []
-    for stage in stages or tuple(STAGES):
+    for stage in STAGES:
         metrics_path = root / "metrics" / f"{stage}.json"
         ckpts = sorted((root / "artifacts" / stage).glob("checkpoint-*.pt")) if stage in TRAINING_STAGES else []
         runs = [checkpoint_progress(c) for c in ckpts]
