@@ -257,12 +257,17 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print the status 
     colour = {"done": "green", "training": "yellow", "not started": "dim"}
     for s in stages:
         lines = [s["summary"]] if s["summary"] and s["state"] == "done" else []
+        finished = [c["name"] for c in s["checkpoints"] if c["finished"]]
+        if s["state"] == "training" and finished:
+            lines.append(f"finished: {', '.join(finished)}")
         for c in s["checkpoints"]:
             if c["finished"]:
                 continue
-            total = c["total_steps"]
+            total, epochs_in_all = c["total_steps"], c["total_epochs"]
             of = f"/{total:,} ({100 * c['step'] / max(total, 1):.0f}%)" if total else ""
-            epochs = f", epoch {c['epochs_done'] + 1}" + (f"/{c['total_epochs']}" if c["total_epochs"] else "")
+            # the epoch in progress; a checkpoint written after the last epoch, before the finished one, has none
+            epoch = c["epochs_done"] + 1 if not epochs_in_all else min(c["epochs_done"] + 1, epochs_in_all)
+            epochs = f", epoch {epoch}" + (f"/{epochs_in_all}" if epochs_in_all else "")
             eta = f", ~{format_duration(c['eta_s'])} to go" if c["eta_s"] is not None else ""
             lines.append(f"{c['name']}: step {c['step']:,}{of}{epochs}, {format_duration(c['train_s'])} trained{eta}")
         t.add_row(s["stage"], f"[{colour[s['state']]}]{s['state']}[/]", "\n".join(lines))

@@ -16,6 +16,7 @@ from tests.conftest import make_workspace
 from transfer.config import load_params
 from transfer.stages import run_stage
 from transfer.status import checkpoint_progress, format_duration, workspace_status
+from transfer.train import load_checkpoint, save_checkpoint
 
 
 def _env(ws):
@@ -64,6 +65,14 @@ def test_status_cli_tells_training_progress_and_whether_a_process_holds_the_lock
     _lm_run(tmp_path, stop_after=25, name="ck.pt")
     (ws / "artifacts" / "pretrain").mkdir(parents=True)
     shutil.copy(tmp_path / "ck.pt", ws / "artifacts" / "pretrain" / "checkpoint-fwd.pt")
+    # What a reader can catch between fit's last-epoch checkpoint and its finished one: every epoch done.
+    _lm_run(tmp_path, name="done.pt")
+    ck = load_checkpoint(tmp_path / "done.pt")
+    (ws / "artifacts" / "finetune_lm").mkdir()
+    save_checkpoint(ws / "artifacts" / "finetune_lm" / "checkpoint-fwd.pt", {**ck, "finished": False})
+    # A stage between runs of its members (self-training rounds): checkpoints all finished, no metrics yet.
+    (ws / "artifacts" / "train_classifier").mkdir()
+    shutil.copy(tmp_path / "done.pt", ws / "artifacts" / "train_classifier" / "checkpoint-fwd.pt")
     with FileLock(ws / ".transfer.lock"):  # as a running `transfer run` holds it
         out = subprocess.run([TRANSFER, "status", "--json"], cwd=ws, env=_env(ws), capture_output=True, text=True,
                              timeout=120)
@@ -74,6 +83,10 @@ def test_status_cli_tells_training_progress_and_whether_a_process_holds_the_lock
     pretrain = next(s for s in report["stages"] if s["stage"] == "pretrain")
     assert pretrain["state"] == "training" and pretrain["checkpoints"][0]["step"] == 21
     assert "step 21/" in table.stdout and "to go" in table.stdout and "is running" in table.stderr
+    assert ck["position"]["global_epoch"] == ck["total_epochs"] == 2
+    assert "epoch 2/2" in table.stdout and "epoch 3/2" not in table.stdout
+    clas = next(s for s in report["stages"] if s["stage"] == "train_classifier")
+    assert clas["state"] == "training" and "finished: fwd" in table.stdout
 
 
 @pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (59, "59s"), (61, "1m01s"), (3600 * 5 + 60 * 7, "5h07m")])

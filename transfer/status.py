@@ -61,8 +61,10 @@ def _summary(stage: str, m: dict) -> str:
 def workspace_status(root: Path = Path(".")) -> list[dict]:
     """One entry per stage: state ('done', 'training', 'not started'), its summary and its checkpoints.
 
-    'training' means a checkpoint is unfinished: the stage is running now, or the next run resumes it.
-    A stage re-running after a params change is 'training' even though its old metrics file remains.
+    'training' means the stage has begun and not ended: a checkpoint is unfinished, or its checkpoints are all
+    finished but it has written no metrics (e.g. between self-training rounds). The stage is running now, or the
+    next run resumes it. A stage re-running after a params change is 'training' even though its old metrics
+    file remains.
     """
     from transfer.stages import STAGES
 
@@ -77,8 +79,10 @@ def workspace_status(root: Path = Path(".")) -> list[dict]:
                 summary = _summary(stage, json.loads(metrics_path.read_text()))
             except (ValueError, KeyError, TypeError) as e:
                 summary = f"unreadable {metrics_path} ({type(e).__name__}: {e})"
-        state = "training" if any(not r["finished"] for r in runs) else \
-            "done" if metrics_path.exists() else "not started"
+        if any(not r["finished"] for r in runs) or (runs and not metrics_path.exists()):
+            state = "training"
+        else:
+            state = "done" if metrics_path.exists() else "not started"
         out.append(dict(stage=stage, state=state, summary=summary, checkpoints=runs))
     return out
 
