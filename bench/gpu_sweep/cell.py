@@ -25,8 +25,8 @@ labels = "null" if budget == "all" else budget
 ov = [f"data.train={data}/train.csv", f"data.test={data}/test.csv", f"data.max_train_labels={labels}",
       f"data.label_seed={seed}", f"classifier.seed={seed}", *extra]
 p = load_params(base / "params.yaml", ov)
+(cell / "artifacts").mkdir(parents=True, exist_ok=True)
 for d in ("tokenize", "finetune_lm"):
-    (cell / "artifacts").mkdir(parents=True, exist_ok=True)
     if not (cell / "artifacts" / d).exists():
         (cell / "artifacts" / d).symlink_to(base / "artifacts" / d)
 paths = Paths(cell)

@@ -6,8 +6,6 @@ workspace's `params.yaml` and `artifacts/tokenize/` (no corpus files; `data.lm_e
 
     python bench/gpu_sweep/lm.py WS fwd [overrides ...]
 """
-import copy
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -15,26 +13,23 @@ from pathlib import Path
 from transfer.config import load_params
 from transfer.data import load_token_stream
 from transfer.io_utils import file_digest
-from transfer.stages import Paths, _arch, _fingerprint, _lm_stage
+from transfer.stages import Paths, _lm_stage
 from transfer.train import load_checkpoint, pretrain_lm, save_checkpoint
 
 ws = Path(sys.argv[1])
 DIR = sys.argv[2]
 overrides = sys.argv[3:]
 p = load_params(ws / "params.yaml", overrides)
-p = copy.deepcopy(p)
 object.__setattr__(p.model, "directions", [DIR])  # past the check that every evaluate.variant has its LM
 paths = Paths(ws)
 path = paths.art("tokenize", "general.npy")
-fp = _fingerprint("pretrain", dataclasses.asdict(p.pretrain), _arch(p), file_digest(path), DIR)
-print("fingerprint", fp, flush=True)
 t0 = time.time()
 m = _lm_stage("pretrain", p, paths, p.pretrain, load_token_stream(path), p.pretrain.valid_frac,
               lambda d: None, pretrain_lm, lambda d: file_digest(path))
 print("metrics", m, "wall_s", round(time.time() - t0, 1), flush=True)
 ck = load_checkpoint(paths.art("pretrain", f"checkpoint-{DIR}.pt"))
-assert ck["finished"] and ck["fingerprint"] == fp
+assert ck["finished"]
+print("fingerprint", ck["fingerprint"], flush=True)
 ck["optimizer"] = dict(state={}, param_groups=ck["optimizer"]["param_groups"])
-ck["model"] = {k: v.cpu() for k, v in ck["model"].items()}
 save_checkpoint(paths.art("pretrain", f"checkpoint-{DIR}.slim.pt"), ck)
 print("history", *ck["history"], sep="\n")
