@@ -240,23 +240,27 @@ def schedule(cron: str = typer.Option(None, help="Cron expression; default: sche
 @app.command()
 def status(as_json: bool = typer.Option(False, "--json", help="Print the status as JSON (for scripts)."),
            ) -> None:
-    """Where the pipeline in this workspace stands: each stage done, part-trained (progress, ETA) or not started.
+    """Where the pipeline in this workspace stands: each stage done, part-trained (progress, ETA), waiting for
+    the stage before it, or not started; and, during a sample-efficiency sweep, its cells done and time left.
 
     Reads metrics/ and the training checkpoints only; safe to run beside a running pipeline.
     """
-    from transfer.status import format_duration, workspace_status
+    from transfer.status import describe_sweep, format_duration, sweep_progress, workspace_status
 
     stages = workspace_status(Path("."))
+    sweep = sweep_progress(Path("."))
     held = _lock_held()
     if as_json:
-        typer.echo(json.dumps(dict(lock_held=held, stages=stages), indent=2))
+        typer.echo(json.dumps(dict(lock_held=held, stages=stages, sweep=sweep), indent=2))
         return
     t = Table(title=f"workspace {Path.cwd()}")
     for col in ("stage", "state", "details"):
         t.add_column(col)
-    colour = {"done": "green", "training": "yellow", "not started": "dim"}
+    colour = {"done": "green", "training": "yellow", "waiting": "dim", "not started": "dim"}
     for s in stages:
         lines = [s["summary"]] if s["summary"] and s["state"] == "done" else []
+        if s["summary"] and s["state"] == "waiting":
+            lines = [f"[dim]earlier run: {s['summary']}[/]"]
         finished = [c["name"] for c in s["checkpoints"] if c["finished"]]
         if s["state"] == "training" and finished:
             lines.append(f"finished: {', '.join(finished)}")
@@ -271,7 +275,10 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print the status 
             eta = f", ~{format_duration(c['eta_s'])} to go" if c["eta_s"] is not None else ""
             lines.append(f"{c['name']}: step {c['step']:,}{of}{epochs}, {format_duration(c['train_s'])} trained{eta}")
         t.add_row(s["stage"], f"[{colour[s['state']]}]{s['state']}[/]", "\n".join(lines))
-    Console().print(t)
+    out = Console()
+    out.print(t)
+    if sweep is not None:
+        out.print(describe_sweep(sweep, running=held))
     if any(s["state"] == "training" for s in stages):
         console.print("a transfer process is running in this workspace" if held else
                       "no transfer process holds the workspace lock: unfinished checkpoints resume on the next run "

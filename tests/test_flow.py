@@ -95,6 +95,9 @@ def test_sample_efficiency_reuses_the_cached_lms_and_writes_curve(first_run):
         "label budgets never retrain the tokenizer or the language models"
     assert (ws / "plots" / "sample_efficiency.png").read_bytes()[:4] == b"\x89PNG"
     assert len((ws / "plots" / "sample_efficiency.csv").read_text().splitlines()) == 1 + len(rows)
+    progress = json.loads((ws / "metrics" / "sample_efficiency_progress.json").read_text())
+    assert [(c["budget"], c["seed"]) for c in progress["done"]] == [("40", 0), ("40", 1), ("all", 0), ("all", 1)]
+    assert progress["kept"] == [] and progress["current"] is None and progress["finished"] >= progress["started"]
 
 
 def test_sample_efficiency_resume_keeps_matching_cells_and_reruns_stale_ones(first_run):
@@ -125,6 +128,8 @@ def test_sample_efficiency_resume_keeps_matching_cells_and_reruns_stale_ones(fir
     assert cells["40", 0] == 0.987, "a cell with the same params and data is not rerun"
     assert cells["40", 1] != 0.987, "a cell whose params digest changed is rerun"
     assert len(path.read_text().splitlines()) == 1 + len(resumed)
+    progress = json.loads((ws / "metrics" / "sample_efficiency_progress.json").read_text())
+    assert progress["kept"] == [["40", 0]] and [(c["budget"], c["seed"]) for c in progress["done"]] == [("40", 1)]
 
     # another param: no earlier cell matches, so nothing is kept
     fresh = run_sample_efficiency(["40"], [0], overrides=["classifier.lr=0.03"], resume=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 
 import pytest
 from filelock import FileLock
@@ -15,7 +16,7 @@ from tests.test_train import _lm_run
 from tests.conftest import make_workspace
 from transfer.config import load_params
 from transfer.stages import run_stage
-from transfer.status import checkpoint_progress, format_duration, workspace_status
+from transfer.status import checkpoint_progress, describe_sweep, format_duration, workspace_status
 from transfer.train import load_checkpoint, save_checkpoint
 
 
@@ -73,6 +74,13 @@ def test_status_cli_tells_training_progress_and_whether_a_process_holds_the_lock
     # A stage between runs of its members (self-training rounds): checkpoints all finished, no metrics yet.
     (ws / "artifacts" / "train_classifier").mkdir()
     shutil.copy(tmp_path / "done.pt", ws / "artifacts" / "train_classifier" / "checkpoint-fwd.pt")
+    # The previous sweep cell's evaluation, and a sweep in its fifth cell of six
+    (ws / "metrics").mkdir()
+    (ws / "metrics" / "evaluate.json").write_text(json.dumps({"variants": {"tfidf": {"error_rate": 0.125}}}))
+    (ws / "metrics" / "sample_efficiency_progress.json").write_text(json.dumps(dict(
+        cells=[["100", s] for s in (0, 1, 2)] + [["500", s] for s in (0, 1, 2)], kept=[["100", 0]],
+        done=[dict(budget=b, seed=s, seconds=600.0) for b, s in (("100", 1), ("100", 2), ("500", 0))],
+        current=["500", 1], current_started=time.time(), started=time.time() - 1800, finished=None)))
     with FileLock(ws / ".transfer.lock"):  # as a running `transfer run` holds it
         out = subprocess.run([TRANSFER, "status", "--json"], cwd=ws, env=_env(ws), capture_output=True, text=True,
                              timeout=120)
@@ -87,6 +95,30 @@ def test_status_cli_tells_training_progress_and_whether_a_process_holds_the_lock
     assert "epoch 2/2" in table.stdout and "epoch 3/2" not in table.stdout
     clas = next(s for s in report["stages"] if s["stage"] == "train_classifier")
     assert clas["state"] == "training" and "finished: fwd" in table.stdout
+    evaluate = next(s for s in report["stages"] if s["stage"] == "evaluate")
+    assert evaluate["state"] == "waiting", "metrics after a training stage are an earlier run's"
+    assert "earlier run: tfidf 12.50% test error" in table.stdout
+    assert report["sweep"]["current"] == ["500", 1]
+    assert "4 of 6 cells done (1 kept from the CSV); budget 500 seed 1 running" in table.stdout
+
+
+def _sweep(**kw):
+    return dict(cells=[["100", s] for s in (0, 1, 2)] + [["500", s] for s in (0, 1, 2)], kept=[["100", 0]],
+                done=[dict(budget="100", seed=1, seconds=600.0), dict(budget="100", seed=2, seconds=660.0)],
+                current=["500", 0], current_started=1000.0, started=0.0, finished=None) | kw
+
+
+def test_describe_sweep_counts_cells_and_estimates_time_left_from_the_cells_this_run_finished():
+    # 3 of 6 done; a cell takes 630 s here, the running one has had 300: 3 * 630 - 300 left
+    line = describe_sweep(_sweep(), running=True, now=1300.0)
+    assert line == ("sample-efficiency sweep: 3 of 6 cells done (1 kept from the CSV); budget 500 seed 0 running "
+                    "for 5m00s; ~10m30s a cell, ~26m30s to go")
+    # no cell finished by this run yet: no per-cell time to estimate from
+    assert "to go" not in describe_sweep(_sweep(done=[]), running=True, now=1300.0)
+    assert describe_sweep(_sweep(), running=False, now=1300.0).endswith(
+        "interrupted at budget 500 seed 0: the same command with --resume runs the 3 missing cells")
+    finished = describe_sweep(_sweep(current=None, finished=5000.0), running=False)
+    assert "3 of 6 cells done" in finished and "finished" in finished and "interrupted" not in finished
 
 
 @pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (59, "59s"), (61, "1m01s"), (3600 * 5 + 60 * 7, "5h07m")])

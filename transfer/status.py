@@ -1,17 +1,19 @@
 """Where a workspace's pipeline stands: each stage done, part-trained (how far, how long to go) or not started.
 
-Reads only `metrics/<stage>.json` and the training checkpoints, so it can watch a running pipeline, or tell
-how much of an interrupted one the next run will resume rather than redo.
+Reads only `metrics/` and the training checkpoints, so it can watch a running pipeline, or tell how much of an
+interrupted one the next run will resume rather than redo. A sample-efficiency sweep also writes
+`metrics/sample_efficiency_progress.json`, from which `describe_sweep` tells which cell runs and how long is left.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from transfer.train import load_checkpoint
 
-__all__ = ["checkpoint_progress", "workspace_status", "format_duration"]
+__all__ = ["checkpoint_progress", "workspace_status", "sweep_progress", "describe_sweep", "format_duration"]
 
 TRAINING_STAGES = ("pretrain", "finetune_lm", "train_classifier")
 
@@ -59,16 +61,17 @@ def _summary(stage: str, m: dict) -> str:
 
 
 def workspace_status(root: Path = Path(".")) -> list[dict]:
-    """One entry per stage: state ('done', 'training', 'not started'), its summary and its checkpoints.
+    """One entry per stage: state ('done', 'training', 'waiting', 'not started'), its summary and checkpoints.
 
     'training' means the stage has begun and not ended: a checkpoint is unfinished, or its checkpoints are all
     finished but it has written no metrics (e.g. between self-training rounds). The stage is running now, or the
     next run resumes it. A stage re-running after a params change is 'training' even though its old metrics
-    file remains.
+    file remains. A stage after a training one is 'waiting': any metrics it has are from an earlier run (in a
+    sweep, the previous cell's).
     """
     from transfer.stages import STAGES
 
-    out = []
+    out: list[dict] = []
     for stage in STAGES:
         metrics_path = root / "metrics" / f"{stage}.json"
         ckpts = sorted((root / "artifacts" / stage).glob("checkpoint-*.pt")) if stage in TRAINING_STAGES else []
@@ -81,10 +84,50 @@ def workspace_status(root: Path = Path(".")) -> list[dict]:
                 summary = f"unreadable {metrics_path} ({type(e).__name__}: {e})"
         if any(not r["finished"] for r in runs) or (runs and not metrics_path.exists()):
             state = "training"
+        elif any(o["state"] in ("training", "waiting") for o in out):
+            state = "waiting"
         else:
             state = "done" if metrics_path.exists() else "not started"
         out.append(dict(stage=stage, state=state, summary=summary, checkpoints=runs))
     return out
+
+
+def sweep_progress(root: Path = Path(".")) -> dict | None:
+    """The last sample-efficiency sweep's progress file (see `flows.experiments`), or None if there is none."""
+    path = root / "metrics" / "sample_efficiency_progress.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as e:
+        return dict(error=f"unreadable {path} ({e})")
+
+
+def describe_sweep(progress: dict, running: bool, now: float | None = None) -> str:
+    """One line: cells done of planned, the cell running and for how long, and the time left at the mean
+    wall time of the cells this invocation finished (cells kept from an earlier run took none)."""
+    if "error" in progress:
+        return progress["error"]
+    now = time.time() if now is None else now
+    total, kept, ran = len(progress["cells"]), len(progress["kept"]), progress["done"]
+    n_done = kept + len(ran)
+    head = f"sample-efficiency sweep: {n_done} of {total} cells done" + (f" ({kept} kept from the CSV)" if kept else "")
+    if progress.get("finished"):
+        return head + f", finished {time.strftime('%Y-%m-%d %H:%M', time.localtime(progress['finished']))}"
+    current = progress.get("current")
+    if not running:
+        where = f" at budget {current[0]} seed {current[1]}" if current else ""
+        return head + f"; interrupted{where}: the same command with --resume runs the {total - n_done} missing cells"
+    parts = [head]
+    elapsed = 0.0
+    if current:
+        elapsed = now - progress["current_started"]
+        parts.append(f"budget {current[0]} seed {current[1]} running for {format_duration(elapsed)}")
+    if ran:
+        per_cell = sum(c["seconds"] for c in ran) / len(ran)
+        left = max(per_cell * (total - n_done) - elapsed, 0.0)
+        parts.append(f"~{format_duration(per_cell)} a cell, ~{format_duration(left)} to go")
+    return "; ".join(parts)
 
 
 def format_duration(seconds: float) -> str:
