@@ -14,7 +14,7 @@ from transfer.config import load_params
 from transfer.errors import TransferError
 from transfer.evaluate import Predictor, save_classifier
 from transfer.model import AWDLSTMConfig
-from transfer.pseudo import select_pseudo_labels
+from transfer.pseudo import probe_teacher, select_pseudo_labels
 from transfer.stages import Paths, run_stage
 from transfer.train import load_checkpoint
 
@@ -53,6 +53,53 @@ def test_selection_invariants(n, k, frac, seed):
 def test_rejects_a_bad_fraction():
     with pytest.raises(ValueError, match="0 < frac <= 1"):
         select_pseudo_labels(np.full((4, 2), 0.5), 0.0)
+
+
+def _clusters(n_per_class: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """k Gaussian blobs in 20 dimensions, close enough together that a few labels mislead a linear model."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0, 0.9, size=(k, 20))
+    y = np.repeat(np.arange(k), n_per_class)
+    return centres[y] + rng.normal(size=(len(y), 20)), y
+
+
+def test_the_probe_labels_unlabelled_rows_and_self_training_does_not_hurt_it():
+    x, y = _clusters(300, 3, seed=0)
+    lab = np.concatenate([np.flatnonzero(y == c)[:4] for c in range(3)])  # 12 labelled rows
+    unl = np.setdiff1d(np.arange(len(y)), lab)
+    accs = []
+    for rounds in (0, 3):
+        _, probs = probe_teacher(x[lab], y[lab], x[unl], 3, rounds=rounds, frac=0.8, c=1.0)
+        assert probs.shape == (len(unl), 3) and np.allclose(probs.sum(1), 1)
+        accs.append((probs.argmax(1) == y[unl]).mean())
+    assert accs[0] > 0.6  # far above chance (1/3) from 12 labels
+    assert accs[1] >= accs[0] - 0.01
+
+
+def test_a_class_without_labels_gets_a_zero_column_not_a_shifted_one():
+    x, y = _clusters(50, 3, seed=1)
+    lab = np.flatnonzero(y != 1)[::5]  # class 1 never labelled
+    proba, probs = probe_teacher(x[lab], y[lab], x, 3, rounds=1, frac=0.5, c=1.0)
+    assert (probs[:, 1] == 0).all() and np.allclose(probs.sum(1), 1)
+    assert ((probs.argmax(1) == y) | (y == 1)).mean() > 0.6  # columns 0 and 2 still mean classes 0 and 2
+    assert np.allclose(proba(x[:5]), probs[:5])
+
+
+def test_a_probe_teacher_replaces_round_0(workspace):
+    budget = ["data.max_train_labels=40", "classifier.self_train_rounds=1", "classifier.pseudo_label_frac=0.5",
+              "classifier.self_train_teacher=probe"]
+    p = load_params(workspace / "params.yaml", budget)
+    paths = Paths(workspace)
+    for stage in ("prepare", "tokenize", "pretrain", "finetune_lm", "train_classifier"):
+        run_stage(stage, p, paths)
+    unlabelled = pd.read_csv(paths.art("prepare", "unlabelled.csv"))
+    st = json.loads(paths.metrics("train_classifier").read_text())["self_training"]
+    assert 0 <= st["probe_valid_accuracy"] <= 1 and "round0_valid_accuracy" not in st
+    assert 0 < st["round1_pseudo_labelled"] <= len(unlabelled) // 2
+    assert not paths.art("train_classifier", "checkpoint-fwd.pt").exists()  # no round-0 classifier was trained
+    ck1 = load_checkpoint(paths.art("train_classifier", "checkpoint-fwd-round1.pt"))
+    bundle = load_checkpoint(paths.art("train_classifier", "model") / "fwd.pt")
+    assert all(torch_equal(bundle[k], ck1["model"][k]) for k in bundle)
 
 
 def test_label_budget_stages_self_train_on_the_unlabelled_rows(workspace):

@@ -229,6 +229,9 @@ class ClassifierParams(TrainParams):
     min_steps_per_phase: int = 0  # lengthen a phase to at least this many steps (tiny data sets)
     self_train_rounds: int = 0  # label budgets: rounds of retraining on pseudo-labelled unlabelled training texts
     pseudo_label_frac: float = 0.5  # share of the unlabelled texts pseudo-labelled per round, most confident first
+    self_train_teacher: str = "classifier"  # who labels round 1: "classifier" (round 0 fine-tunes on the labelled
+    # rows) or "probe" (logistic regression on the frozen domain LMs' features, self-trained; no round-0 fine-tune)
+    probe_c: float = 0.003  # the probe's inverse L2 strength, on standardised features
     members: int = 1  # classifiers per direction, member i seeded seed + 1000 * i; the ulmfit variants average them
 
     def __post_init__(self) -> None:
@@ -238,6 +241,9 @@ class ClassifierParams(TrainParams):
         _at_least(self.members, "members", 1)
         _require(0 < self.pseudo_label_frac <= 1, "pseudo_label_frac",
                  f"must be in (0, 1], got {self.pseudo_label_frac!r}")
+        _require(self.self_train_teacher in ("classifier", "probe"), "self_train_teacher",
+                 f"must be 'classifier' or 'probe', got {self.self_train_teacher!r}")
+        _require(self.probe_c > 0, "probe_c", f"must be > 0, got {self.probe_c!r}")
         _require(len(self.unfreeze_epochs) > 0 and all(e >= 0 for e in self.unfreeze_epochs), "unfreeze_epochs",
                  f"must be a non-empty list of epoch counts >= 0, got {self.unfreeze_epochs!r}")
         _require(self.epochs > 0, "unfreeze_epochs", "must train for at least one epoch in total")

@@ -28,11 +28,12 @@ from transfer.evaluate import (
 from transfer.io_utils import atomic_path, file_digest, write_csv, write_json
 from transfer.model import LanguageModel, TextClassifier, classifier_config, lm_config
 from transfer.plots import plot_confusion, plot_history, plot_lr_find, plot_lr_schedule
-from transfer.pseudo import select_pseudo_labels
+from transfer.pseudo import probe_teacher, select_pseudo_labels
 from transfer.readers import iter_text_documents, read_table
 from transfer.tokenizer import PAD_ID, Tokenizer, train_tokenizer
 from transfer.train import (
-    classifier_lr_find, finetune_lm, lm_perplexity, load_checkpoint, pick_device, pretrain_lm, train_classifier,
+    classifier_lr_find, finetune_lm, lm_perplexity, load_checkpoint, pick_device, pooled_features, pretrain_lm,
+    train_classifier,
 )
 
 __all__ = ["STAGES", "Paths", "run_stage", "prepare", "tokenize", "pretrain", "finetune", "classify",
@@ -339,13 +340,47 @@ def lr_find_classifier(p: Params, paths: Paths = Paths(), direction: str = "fwd"
     return [{k: v for k, v in r.items() if k not in ("lrs", "losses")} for r in results]
 
 
+def _lm_features(p: Params, paths: Paths, tok: Tokenizer, texts: list[str]) -> np.ndarray:
+    """Frozen domain LMs' concat-pooled features of `texts`, one block of 3 * emb_size per direction."""
+    docs = Docs.from_lists(tok.encode(list(texts)))
+    cfg = classifier_config(tok.vocab_size, p.classifier.drop_mult, emb_size=p.model.emb_size,
+                            hidden_size=p.model.hidden_size, n_layers=p.model.n_layers)
+    blocks = []
+    for direction in p.model.directions:
+        model = TextClassifier(cfg, 2, bptt=p.classifier.bptt, max_len=p.classifier.max_len)
+        lm_state = load_checkpoint(paths.art("finetune_lm", f"lm-{direction}.pt"))
+        model.encoder.load_state_dict({k[len("encoder."):]: v for k, v in lm_state.items() if k.startswith("encoder.")})
+        loader = ClassificationLoader(docs, None, p.evaluate.batch_size, train=False, pad_id=PAD_ID,
+                                      backwards=direction == "bwd")
+        blocks.append(pooled_features(model.to(pick_device()), loader, p.classifier.precision))
+    return np.concatenate(blocks, axis=1)
+
+
+def _probe_pseudo_labels(p: Params, paths: Paths, tok: Tokenizer, classes: list[str], unlabelled: list[str],
+                         ) -> tuple[tuple[list[str], np.ndarray], dict[str, float]]:
+    """Round 1's pseudo-labels from a self-trained linear probe on the frozen domain LMs (`pseudo.probe_teacher`)."""
+    hp = p.classifier
+    index = {c: i for i, c in enumerate(classes)}
+    frames = {s: pd.read_csv(paths.art("prepare", f"{s}.csv"), dtype=str, keep_default_na=False)
+              for s in ("train", "valid")}
+    feats = {s: _lm_features(p, paths, tok, list(df["text"])) for s, df in frames.items()}
+    x_unlabelled = _lm_features(p, paths, tok, unlabelled)
+    proba, probs = probe_teacher(feats["train"], frames["train"]["label"].map(index).to_numpy(), x_unlabelled,
+                                 len(classes), hp.self_train_rounds, hp.pseudo_label_frac, hp.probe_c)
+    idx, labels = select_pseudo_labels(probs, hp.pseudo_label_frac)
+    valid_acc = float((proba(feats["valid"]).argmax(1) == frames["valid"]["label"].map(index).to_numpy()).mean())
+    return ([unlabelled[i] for i in idx], labels), dict(probe_valid_accuracy=valid_acc,
+                                                        round1_pseudo_labelled=len(idx))
+
+
 def classify(p: Params, paths: Paths = Paths()) -> dict:
     """ULMFiT classifiers (`classifier.members` per direction) from the domain-tuned LMs, in one servable bundle.
 
     Members of a direction differ only in their seed (init, dropout masks, batch order); averaging them cuts
     the variance of one fine-tuning run. Self-training (`classifier.self_train_rounds`): after each round the
     members' ensemble labels the budget's unlabelled training texts; the confident share joins the labelled
-    rows and every member is retrained from its domain LM. Only the last round's classifiers are kept.
+    rows and every member is retrained from its domain LM. Only the last round's classifiers are kept. With
+    `self_train_teacher: probe`, a linear probe on the frozen domain LMs labels round 1 and round 0 is skipped.
     """
     hp = p.classifier
     classes = json.loads(paths.metrics("prepare").read_text())["classes"]
@@ -354,7 +389,11 @@ def classify(p: Params, paths: Paths = Paths()) -> dict:
     rounds = hp.self_train_rounds if unlabelled else 0
     pseudo: tuple[list[str], np.ndarray] | None = None
     self_training: dict[str, float] = {}
-    for r in range(rounds + 1):
+    first = 0
+    if rounds and hp.self_train_teacher == "probe":
+        pseudo, self_training = _probe_pseudo_labels(p, paths, tok, classes, unlabelled)
+        first = 1
+    for r in range(first, rounds + 1):
         states, metrics, rows, steps, models = {}, {}, [], [], {}
         for direction, i in itertools.product(p.model.directions, range(hp.members)):
             t0 = time.perf_counter()

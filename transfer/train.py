@@ -370,6 +370,18 @@ def classifier_logits(model: TextClassifier, loader: ClassificationLoader, preci
     return out
 
 
+@torch.no_grad()
+def pooled_features(model: TextClassifier, loader: ClassificationLoader, precision: str = "auto") -> np.ndarray:
+    """Concat-pooled encoder features (n_docs, 3 * emb_size) in the loader's document order; no dropout."""
+    model.eval()
+    device = next(model.parameters()).device
+    out = np.zeros((len(loader.docs), 3 * model.cfg.emb_size), dtype=np.float32)
+    for x, lengths, _, idx in loader.batches():
+        with autocast(device, precision):
+            out[idx] = model.encode(x.to(device), lengths.to(device)).float().cpu().numpy()
+    return out
+
+
 def _clas_validate(loader: ClassificationLoader, precision: str) -> Callable[[nn.Module], dict[str, float]]:
     def validate(model: TextClassifier) -> dict[str, float]:
         logits = classifier_logits(model, loader, precision)
