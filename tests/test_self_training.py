@@ -94,7 +94,7 @@ def test_a_probe_teacher_replaces_round_0(workspace):
         run_stage(stage, p, paths)
     unlabelled = pd.read_csv(paths.art("prepare", "unlabelled.csv"))
     st = json.loads(paths.metrics("train_classifier").read_text())["self_training"]
-    assert 0 <= st["probe_valid_accuracy"] <= 1 and "round0_valid_accuracy" not in st
+    assert 0 <= st["probe_valid_accuracy"] <= 1 and st["probe_s"] > 0 and "round0_valid_accuracy" not in st
     assert 0 < st["round1_pseudo_labelled"] <= len(unlabelled) // 2
     assert not paths.art("train_classifier", "checkpoint-fwd.pt").exists()  # no round-0 classifier was trained
     ck1 = load_checkpoint(paths.art("train_classifier", "checkpoint-fwd-round1.pt"))

@@ -360,6 +360,7 @@ def _probe_pseudo_labels(p: Params, paths: Paths, tok: Tokenizer, classes: list[
                          ) -> tuple[tuple[list[str], np.ndarray], dict[str, float]]:
     """Round 1's pseudo-labels from a self-trained linear probe on the frozen domain LMs (`pseudo.probe_teacher`)."""
     hp = p.classifier
+    t0 = time.perf_counter()
     index = {c: i for i, c in enumerate(classes)}
     frames = {s: pd.read_csv(paths.art("prepare", f"{s}.csv"), dtype=str, keep_default_na=False)
               for s in ("train", "valid")}
@@ -369,8 +370,8 @@ def _probe_pseudo_labels(p: Params, paths: Paths, tok: Tokenizer, classes: list[
                                  len(classes), hp.self_train_rounds, hp.pseudo_label_frac, hp.probe_c)
     idx, labels = select_pseudo_labels(probs, hp.pseudo_label_frac)
     valid_acc = float((proba(feats["valid"]).argmax(1) == frames["valid"]["label"].map(index).to_numpy()).mean())
-    return ([unlabelled[i] for i in idx], labels), dict(probe_valid_accuracy=valid_acc,
-                                                        round1_pseudo_labelled=len(idx))
+    stats = dict(probe_valid_accuracy=valid_acc, probe_s=time.perf_counter() - t0, round1_pseudo_labelled=len(idx))
+    return ([unlabelled[i] for i in idx], labels), stats
 
 
 def classify(p: Params, paths: Paths = Paths()) -> dict:
