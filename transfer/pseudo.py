@@ -11,6 +11,8 @@ feature space (AG News, 100 labels, forward LM: test error 27.4% fine-tuned, 22.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 
@@ -35,7 +37,7 @@ def select_pseudo_labels(probs: np.ndarray, frac: float) -> tuple[np.ndarray, np
 
 
 def probe_teacher(x_labelled: np.ndarray, y_labelled: np.ndarray, x_unlabelled: np.ndarray, n_classes: int,
-                  rounds: int, frac: float, c: float):
+                  rounds: int, frac: float, c: float) -> tuple[Callable[..., np.ndarray], np.ndarray]:
     """Self-trained linear probe -> (fitted predict_proba callable, its probabilities on `x_unlabelled`).
 
     Features are standardised with statistics of every training row, labelled or not; each round refits a
@@ -48,7 +50,7 @@ def probe_teacher(x_labelled: np.ndarray, y_labelled: np.ndarray, x_unlabelled: 
     scaler = StandardScaler().fit(np.concatenate([x_labelled, x_unlabelled]))
     xl, xu = scaler.transform(x_labelled), scaler.transform(x_unlabelled)
 
-    def fit(x: np.ndarray, y: np.ndarray):
+    def fit(x: np.ndarray, y: np.ndarray) -> Callable[..., np.ndarray]:
         lr = LogisticRegression(C=c, max_iter=3000).fit(x, y)
 
         def proba(z: np.ndarray, scaled: bool = False) -> np.ndarray:
