@@ -53,7 +53,7 @@ def main() -> None:
             os.symlink(src.art(stage, name), paths.art(stage, name))
         tok = Tokenizer.load(paths.art("tokenize", "spm.model"))
         cwd = os.getcwd()
-        os.chdir(params_path.parent)  # data paths in the params file are relative to it
+        os.chdir(src.root)  # data paths resolve from the workspace, as for `transfer` run there
         try:
             for seed in args.seeds:
                 p = load_params(params_path, [*args.set, f"data.max_train_labels={args.budget}",
