@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from transfer.config import load_params
+from transfer.data import Docs
 from transfer.pseudo import probe_teacher, select_pseudo_labels
 from transfer.stages import Paths, _lm_features, run_stage
 from transfer.tokenizer import Tokenizer
@@ -64,7 +65,8 @@ def main() -> None:
                           for s in ("train", "unlabelled", "valid", "test")}
                 new = sorted({t for df in frames.values() for t in df["text"]} - cache.keys())
                 if new:
-                    cache.update(zip(new, _lm_features(p, paths, tok, new)))
+                    docs = Docs.from_lists(tok.encode(new))
+                    cache.update(zip(new, _lm_features(p, paths, tok.vocab_size, [docs])[0]))
                 x = {s: np.stack([cache[t] for t in df["text"]]) for s, df in frames.items()}
                 y = {s: frames[s]["label"].map(index).to_numpy() for s in ("train", "valid", "test")}
                 truth = _unlabelled_truth(p, frames["unlabelled"], index)  # scoring the pseudo-labels only

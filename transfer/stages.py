@@ -273,6 +273,22 @@ def _labelled(paths: Paths, split: str, tok: Tokenizer, classes: list[str],
     return Docs.from_lists(tok.encode(texts)), y, df
 
 
+def _new_classifier(p: Params, vocab_size: int, n_classes: int, encoder_from: Path | None) -> TextClassifier:
+    """A classifier of the params' sizes, its encoder from an LM state_dict (None: random init)."""
+    hp = p.classifier
+    cfg = classifier_config(vocab_size, hp.drop_mult, emb_size=p.model.emb_size,
+                            hidden_size=p.model.hidden_size, n_layers=p.model.n_layers)
+    model = TextClassifier(cfg, n_classes, bptt=hp.bptt, max_len=hp.max_len)
+    if encoder_from is not None:
+        lm_state = load_checkpoint(encoder_from)
+        enc = {k[len("encoder."):]: v for k, v in lm_state.items() if k.startswith("encoder.")}
+        try:
+            model.encoder.load_state_dict(enc)
+        except RuntimeError as e:
+            raise TransferError(f"{encoder_from}: encoder does not fit model params ({str(e).splitlines()[0]})") from None
+    return model
+
+
 def _classifier_setup(p: Params, paths: Paths, direction: str, encoder_from: Path | None,
                       pseudo: tuple[list[str], np.ndarray] | None = None,
                       ) -> tuple[TextClassifier, ClassificationLoader, ClassificationLoader, str]:
@@ -283,19 +299,11 @@ def _classifier_setup(p: Params, paths: Paths, direction: str, encoder_from: Pat
     dtr, ytr, _ = _labelled(paths, "train", tok, classes, pseudo)
     dva, yva, _ = _labelled(paths, "valid", tok, classes)
     _seed(hp.seed)
-    cfg = classifier_config(tok.vocab_size, hp.drop_mult, emb_size=p.model.emb_size,
-                            hidden_size=p.model.hidden_size, n_layers=p.model.n_layers)
-    model = TextClassifier(cfg, len(classes), bptt=hp.bptt, max_len=hp.max_len)
+    model = _new_classifier(p, tok.vocab_size, len(classes), encoder_from)
     data_id = file_digest(paths.art("prepare", "train.csv"))
     if pseudo is not None:
         data_id += _fingerprint(list(pseudo[0]), [int(c) for c in pseudo[1]])
     if encoder_from is not None:
-        lm_state = load_checkpoint(encoder_from)
-        enc = {k[len("encoder."):]: v for k, v in lm_state.items() if k.startswith("encoder.")}
-        try:
-            model.encoder.load_state_dict(enc)
-        except RuntimeError as e:
-            raise TransferError(f"{encoder_from}: encoder does not fit model params ({str(e).splitlines()[0]})") from None
         data_id += file_digest(encoder_from)
     backwards = direction == "bwd"
     bs = min(hp.bs, max(8, len(dtr) // 10))  # few labels: smaller batches, so every epoch has ~10 steps
@@ -340,20 +348,16 @@ def lr_find_classifier(p: Params, paths: Paths = Paths(), direction: str = "fwd"
     return [{k: v for k, v in r.items() if k not in ("lrs", "losses")} for r in results]
 
 
-def _lm_features(p: Params, paths: Paths, tok: Tokenizer, texts: list[str]) -> np.ndarray:
-    """Frozen domain LMs' concat-pooled features of `texts`, one block of 3 * emb_size per direction."""
-    docs = Docs.from_lists(tok.encode(list(texts)))
-    cfg = classifier_config(tok.vocab_size, p.classifier.drop_mult, emb_size=p.model.emb_size,
-                            hidden_size=p.model.hidden_size, n_layers=p.model.n_layers)
-    blocks = []
+def _lm_features(p: Params, paths: Paths, vocab_size: int, doc_sets: list[Docs]) -> list[np.ndarray]:
+    """Frozen domain LMs' concat-pooled features of each doc set, one block of 3 * emb_size per direction."""
+    blocks: list[list[np.ndarray]] = [[] for _ in doc_sets]
     for direction in p.model.directions:
-        model = TextClassifier(cfg, 2, bptt=p.classifier.bptt, max_len=p.classifier.max_len)
-        lm_state = load_checkpoint(paths.art("finetune_lm", f"lm-{direction}.pt"))
-        model.encoder.load_state_dict({k[len("encoder."):]: v for k, v in lm_state.items() if k.startswith("encoder.")})
-        loader = ClassificationLoader(docs, None, p.evaluate.batch_size, train=False, pad_id=PAD_ID,
-                                      backwards=direction == "bwd")
-        blocks.append(pooled_features(model.to(pick_device()), loader, p.classifier.precision))
-    return np.concatenate(blocks, axis=1)
+        model = _new_classifier(p, vocab_size, 2, paths.art("finetune_lm", f"lm-{direction}.pt")).to(pick_device())
+        for out, docs in zip(blocks, doc_sets):
+            loader = ClassificationLoader(docs, None, p.evaluate.batch_size, train=False, pad_id=PAD_ID,
+                                          backwards=direction == "bwd")
+            out.append(pooled_features(model, loader, p.classifier.precision))
+    return [np.concatenate(b, axis=1) for b in blocks]
 
 
 def _probe_pseudo_labels(p: Params, paths: Paths, tok: Tokenizer, classes: list[str], unlabelled: list[str],
@@ -361,15 +365,14 @@ def _probe_pseudo_labels(p: Params, paths: Paths, tok: Tokenizer, classes: list[
     """Round 1's pseudo-labels from a self-trained linear probe on the frozen domain LMs (`pseudo.probe_teacher`)."""
     hp = p.classifier
     t0 = time.perf_counter()
-    index = {c: i for i, c in enumerate(classes)}
-    frames = {s: pd.read_csv(paths.art("prepare", f"{s}.csv"), dtype=str, keep_default_na=False)
-              for s in ("train", "valid")}
-    feats = {s: _lm_features(p, paths, tok, list(df["text"])) for s, df in frames.items()}
-    x_unlabelled = _lm_features(p, paths, tok, unlabelled)
-    proba, probs = probe_teacher(feats["train"], frames["train"]["label"].map(index).to_numpy(), x_unlabelled,
-                                 len(classes), hp.self_train_rounds, hp.pseudo_label_frac, hp.probe_c)
+    dtr, ytr, _ = _labelled(paths, "train", tok, classes)
+    dva, yva, _ = _labelled(paths, "valid", tok, classes)
+    x_train, x_valid, x_unlabelled = _lm_features(p, paths, tok.vocab_size,
+                                                  [dtr, dva, Docs.from_lists(tok.encode(unlabelled))])
+    proba, probs = probe_teacher(x_train, ytr, x_unlabelled, len(classes), hp.self_train_rounds,
+                                 hp.pseudo_label_frac, hp.probe_c)
     idx, labels = select_pseudo_labels(probs, hp.pseudo_label_frac)
-    valid_acc = float((proba(feats["valid"]).argmax(1) == frames["valid"]["label"].map(index).to_numpy()).mean())
+    valid_acc = float((proba(x_valid).argmax(1) == yva).mean())
     stats = dict(probe_valid_accuracy=valid_acc, probe_s=time.perf_counter() - t0, round1_pseudo_labelled=len(idx))
     return ([unlabelled[i] for i in idx], labels), stats
 
