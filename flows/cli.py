@@ -261,11 +261,14 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print the status 
         lines = [s["summary"]] if s["summary"] and s["state"] == "done" else []
         if s["summary"] and s["state"] == "waiting":
             lines = [f"[dim]earlier run: {s['summary']}[/]"]
-        finished = [c["name"] for c in s["checkpoints"] if c["finished"]]
+        finished = [c["name"] for c in s["checkpoints"] if c["finished"] and not c["earlier_run"]]
+        earlier = [c["name"] for c in s["checkpoints"] if c["earlier_run"]]
         if s["state"] == "training" and finished:
             lines.append(f"finished: {', '.join(finished)}")
+        if earlier:
+            lines.append(f"[dim]from the earlier run, replaced as this one reaches them: {', '.join(earlier)}[/]")
         for c in s["checkpoints"]:
-            if c["finished"]:
+            if c["finished"] or c["earlier_run"]:
                 continue
             total, epochs_in_all = c["total_steps"], c["total_epochs"]
             of = f"/{total:,} ({100 * c['step'] / max(total, 1):.0f}%)" if total else ""

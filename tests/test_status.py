@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -58,6 +59,35 @@ def test_workspace_status_follows_the_stages(workspace, tmp_path):
     assert [(c["name"], c["step"]) for c in status["finetune_lm"]["checkpoints"]] == [("fwd", 7)]
 
 
+def test_checkpoints_older_than_a_rerunning_stages_metrics_are_the_earlier_runs(tmp_path):
+    """A sweep's next cell: round 1 trains again beside the previous cell's finished rounds and metrics."""
+    _lm_run(tmp_path, stop_after=10, name="part.pt")
+    _lm_run(tmp_path, name="done.pt")
+    clas = tmp_path / "ws" / "artifacts" / "train_classifier"
+    clas.mkdir(parents=True)
+    (tmp_path / "ws" / "metrics").mkdir()
+    metrics = tmp_path / "ws" / "metrics" / "train_classifier.json"
+    metrics.write_text(json.dumps({"fwd": {"valid_accuracy": 0.9}}))
+    os.utime(metrics, (time.time() - 60,) * 2)  # clear of the file clock's granularity
+    for name in ("round1", "round2"):
+        shutil.copy(tmp_path / "done.pt", clas / f"checkpoint-fwd-{name}.pt")
+        os.utime(clas / f"checkpoint-fwd-{name}.pt", (time.time() - 120,) * 2)
+
+    def train_classifier():
+        return next(s for s in workspace_status(tmp_path / "ws") if s["stage"] == "train_classifier")
+
+    ended = train_classifier()
+    assert ended["state"] == "done", "a run's checkpoints are all older than the metrics it wrote after them"
+    assert not any(c["earlier_run"] for c in ended["checkpoints"])
+    shutil.copy(tmp_path / "part.pt", clas / "checkpoint-fwd-round1.pt")  # the new run's round 1, mid-training
+    running = train_classifier()
+    assert running["state"] == "training"
+    assert [(c["name"], c["earlier_run"]) for c in running["checkpoints"]] == \
+        [("fwd-round1", False), ("fwd-round2", True)]
+    shutil.copy(tmp_path / "done.pt", clas / "checkpoint-fwd-round1.pt")  # between rounds: finished, no new metrics
+    assert train_classifier()["state"] == "training", "a finished round newer than the metrics is this run's"
+
+
 def test_status_cli_tells_training_progress_and_whether_a_process_holds_the_lock(tmp_path):
     ws = make_workspace(tmp_path / "ws", FAST)
     out = subprocess.run([TRANSFER, "status"], cwd=ws, env=_env(ws), capture_output=True, text=True, timeout=120)
@@ -71,11 +101,17 @@ def test_status_cli_tells_training_progress_and_whether_a_process_holds_the_lock
     ck = load_checkpoint(tmp_path / "done.pt")
     (ws / "artifacts" / "finetune_lm").mkdir()
     save_checkpoint(ws / "artifacts" / "finetune_lm" / "checkpoint-fwd.pt", {**ck, "finished": False})
-    # A stage between runs of its members (self-training rounds): checkpoints all finished, no metrics yet.
+    # A stage between runs of its members (self-training rounds): checkpoints all finished, no new metrics yet.
+    # It runs again (a sweep's next cell): newer than the metrics of the previous cell, beside a round of that
+    # cell's older than them.
+    (ws / "metrics").mkdir()
+    (ws / "metrics" / "train_classifier.json").write_text(json.dumps({"fwd": {"valid_accuracy": 0.9}}))
+    os.utime(ws / "metrics" / "train_classifier.json", (time.time() - 60,) * 2)
     (ws / "artifacts" / "train_classifier").mkdir()
     shutil.copy(tmp_path / "done.pt", ws / "artifacts" / "train_classifier" / "checkpoint-fwd.pt")
+    shutil.copy(tmp_path / "done.pt", ws / "artifacts" / "train_classifier" / "checkpoint-fwd-round2.pt")
+    os.utime(ws / "artifacts" / "train_classifier" / "checkpoint-fwd-round2.pt", (1, 1))
     # The previous sweep cell's evaluation, and a sweep in its fifth cell of six
-    (ws / "metrics").mkdir()
     (ws / "metrics" / "evaluate.json").write_text(json.dumps({"variants": {"tfidf": {"error_rate": 0.125}}}))
     (ws / "metrics" / "sample_efficiency_progress.json").write_text(json.dumps(dict(
         cells=[["100", s] for s in (0, 1, 2)] + [["500", s] for s in (0, 1, 2)], kept=[["100", 0]],
@@ -95,6 +131,8 @@ def test_status_cli_tells_training_progress_and_whether_a_process_holds_the_lock
     assert "epoch 2/2" in table.stdout and "epoch 3/2" not in table.stdout
     clas = next(s for s in report["stages"] if s["stage"] == "train_classifier")
     assert clas["state"] == "training" and "finished: fwd" in table.stdout
+    assert "finished: fwd-round2" not in table.stdout
+    assert "from the earlier run, replaced as this one reaches them: fwd-round2" in table.stdout
     evaluate = next(s for s in report["stages"] if s["stage"] == "evaluate")
     assert evaluate["state"] == "waiting", "metrics after a training stage are an earlier run's"
     assert "earlier run: tfidf 12.50% test error" in table.stdout

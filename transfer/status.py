@@ -66,7 +66,9 @@ def workspace_status(root: Path = Path(".")) -> list[dict]:
     'training' means the stage has begun and not ended: a checkpoint is unfinished, or its checkpoints are all
     finished but it has written no metrics (e.g. between self-training rounds). The stage is running now, or the
     next run resumes it. A stage re-running after a params change is 'training' even though its old metrics
-    file remains. A stage after a training one is 'waiting': any metrics it has are from an earlier run (in a
+    file remains: one of its checkpoints is newer than that file. Its checkpoints no newer than the metrics are
+    the earlier run's (`earlier_run`; in a sweep, the previous cell's rounds), which this run replaces as it
+    reaches them. A stage after a training one is 'waiting': any metrics it has are from an earlier run (in a
     sweep, the previous cell's).
     """
     from transfer.stages import STAGES
@@ -76,13 +78,19 @@ def workspace_status(root: Path = Path(".")) -> list[dict]:
         metrics_path = root / "metrics" / f"{stage}.json"
         ckpts = sorted((root / "artifacts" / stage).glob("checkpoint-*.pt")) if stage in TRAINING_STAGES else []
         runs = [checkpoint_progress(c) for c in ckpts]
+        # A stage writes its metrics after its last checkpoint, so a newer checkpoint means it is running again.
+        ended = metrics_path.stat().st_mtime_ns if metrics_path.exists() else None
+        rerunning = ended is not None and any(c.stat().st_mtime_ns > ended for c in ckpts)
+        for r, c in zip(runs, ckpts):
+            r["earlier_run"] = rerunning and c.stat().st_mtime_ns <= ended
+        current = [r for r in runs if not r["earlier_run"]]
         summary = ""
         if metrics_path.exists():
             try:
                 summary = _summary(stage, json.loads(metrics_path.read_text()))
             except (ValueError, KeyError, TypeError) as e:
                 summary = f"unreadable {metrics_path} ({type(e).__name__}: {e})"
-        if any(not r["finished"] for r in runs) or (runs and not metrics_path.exists()):
+        if rerunning or any(not r["finished"] for r in current) or (runs and ended is None):
             state = "training"
         elif any(o["state"] in ("training", "waiting") for o in out):
             state = "waiting"
