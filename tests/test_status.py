@@ -86,6 +86,10 @@ def test_checkpoints_older_than_a_rerunning_stages_metrics_are_the_earlier_runs(
         [("fwd-round1", False), ("fwd-round2", True)]
     shutil.copy(tmp_path / "done.pt", clas / "checkpoint-fwd-round1.pt")  # between rounds: finished, no new metrics
     assert train_classifier()["state"] == "training", "a finished round newer than the metrics is this run's"
+    # A restored copy (`dvc pull`): every checkpoint newer than the metrics, all finished
+    shutil.copy(tmp_path / "done.pt", clas / "checkpoint-fwd-round2.pt")
+    restored = train_classifier()
+    assert restored["state"] == "done" and not any(c["earlier_run"] for c in restored["checkpoints"])
 
 
 def test_status_cli_tells_training_progress_and_whether_a_process_holds_the_lock(tmp_path):

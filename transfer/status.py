@@ -66,7 +66,7 @@ def workspace_status(root: Path = Path(".")) -> list[dict]:
     'training' means the stage has begun and not ended: a checkpoint is unfinished, or its checkpoints are all
     finished but it has written no metrics (e.g. between self-training rounds). The stage is running now, or the
     next run resumes it. A stage re-running after a params change is 'training' even though its old metrics
-    file remains: one of its checkpoints is newer than that file. Its checkpoints no newer than the metrics are
+    file remains: some of its checkpoints are newer than that file, some not. Those no newer than the metrics are
     the earlier run's (`earlier_run`; in a sweep, the previous cell's rounds), which this run replaces as it
     reaches them. A stage after a training one is 'waiting': any metrics it has are from an earlier run (in a
     sweep, the previous cell's).
@@ -78,11 +78,13 @@ def workspace_status(root: Path = Path(".")) -> list[dict]:
         metrics_path = root / "metrics" / f"{stage}.json"
         ckpts = sorted((root / "artifacts" / stage).glob("checkpoint-*.pt")) if stage in TRAINING_STAGES else []
         runs = [checkpoint_progress(c) for c in ckpts]
-        # A stage writes its metrics after its last checkpoint, so a newer checkpoint means it is running again.
+        # A stage writes its metrics after its last checkpoint: checkpoints on both sides of them mean it runs
+        # again. All of them newer is a restored copy (`dvc pull`, `dvc checkout`), not a new run.
         ended = metrics_path.stat().st_mtime_ns if metrics_path.exists() else None
-        rerunning = ended is not None and any(c.stat().st_mtime_ns > ended for c in ckpts)
-        for r, c in zip(runs, ckpts):
-            r["earlier_run"] = rerunning and c.stat().st_mtime_ns <= ended
+        newer = [ended is not None and c.stat().st_mtime_ns > ended for c in ckpts]
+        rerunning = any(newer) and not all(newer)
+        for r, n in zip(runs, newer):
+            r["earlier_run"] = rerunning and not n
         current = [r for r in runs if not r["earlier_run"]]
         summary = ""
         if metrics_path.exists():
