@@ -87,7 +87,7 @@ def workspace_status(root: Path = Path(".")) -> list[dict]:
             r["earlier_run"] = rerunning and not n
         current = [r for r in runs if not r["earlier_run"]]
         summary = ""
-        if metrics_path.exists():
+        if ended is not None:
             try:
                 summary = _summary(stage, json.loads(metrics_path.read_text()))
             except (ValueError, KeyError, TypeError) as e:
@@ -97,7 +97,7 @@ def workspace_status(root: Path = Path(".")) -> list[dict]:
         elif any(o["state"] in ("training", "waiting") for o in out):
             state = "waiting"
         else:
-            state = "done" if metrics_path.exists() else "not started"
+            state = "done" if ended is not None else "not started"
         out.append(dict(stage=stage, state=state, summary=summary, checkpoints=runs))
     return out
 
