@@ -131,7 +131,7 @@ def lr_find(params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
     Console().print(table)
     console.print("The suggestion is fastai's valley (2/3 down the longest descent of the smoothed loss), a "
                   "cautious starting point for classifier.lr / unfreeze_lr_mult: confirm it on validation "
-                  "accuracy (on AG News the fixed 2e-2 beat it; README, Ablations).")
+                  "accuracy (on AG News the fixed 2e-2 beat it; docs/results/README.md, Ablations).")
 
 
 def _existing_tracking_uri() -> str:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lever sweep on one GPU machine without Prefect/MLflow (the device run of the README's ablation row
+# Lever sweep on one GPU machine without Prefect/MLflow (the device run of the ablation row of docs/results/README.md
 # "self-training levers at 100 labels"): the fwd general LM (the bwd one's lm-bwd.pt already in WS), the
 # domain LMs, then 5 classifier configs x 3 seeds at 100 labels, all 15 cells at once, each its own process.
 #   WS=.devcarry/ws DATA=.devcarry/data bash bench/gpu_sweep/run.sh   (from the repo root; OUT: where results go)
