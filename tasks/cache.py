@@ -19,6 +19,7 @@ hit: they are absent when the first key is computed and present on every later l
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import datetime
@@ -43,6 +44,7 @@ __all__ = [
     "ContentCachePolicy",
     "content_cache_policy",
     "content_digest",
+    "module_closure",
     "record_outputs",
     "outputs_intact",
     "cache_dir",
@@ -84,6 +86,45 @@ def content_digest(path: str | Path) -> str:
             file = Path(root, name)
             h.update(f"{file.relative_to(path).as_posix()}\0{_file_sha256(file)}\n".encode())
     return "dir:" + h.hexdigest()
+
+
+def module_closure(package_dir: str | Path, entry: str) -> dict[str, Path]:
+    """Module name -> source file of `entry` and of every module of its package that it imports, transitively.
+
+    Read from the source (import statements anywhere, functions included), not from what happens to be
+    imported, so a stage's cache key covers the code the stage can run and no more: editing a module only the
+    CLI or `transfer status` imports reruns nothing. Packages' `__init__.py` files count, as Python runs them.
+    """
+    root = Path(package_dir)
+    package = root.name
+
+    def source(name: str) -> Path | None:
+        base = root.joinpath(*name.split(".")[1:])
+        for candidate in (base / "__init__.py", base.with_suffix(".py")):
+            if candidate.is_file() and candidate.resolve().is_relative_to(root.resolve()):
+                return candidate
+        return None
+
+    found: dict[str, Path] = {}
+    todo = [entry]
+    while todo:
+        name = todo.pop()
+        path = source(name)
+        if name in found or path is None:
+            continue  # seen, or an attribute rather than a module (`from transfer.x import function`)
+        found[name] = path
+        todo += [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]  # parent packages
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(here.split(".")[: len(here.split(".")) - node.level + 1] + ([base] if base else []))
+                todo += [base] + [f"{base}.{a.name}" for a in node.names]
+        todo = [n for n in todo if n == package or n.startswith(package + ".")]
+    return dict(sorted(found.items()))
 
 
 def _canonical(value: Any, *, location: bool = False) -> Any:

@@ -12,7 +12,7 @@ from prefect import task
 
 import transfer
 
-from tasks.cache import content_cache_policy, record_outputs
+from tasks.cache import content_cache_policy, module_closure, record_outputs
 from tasks.registry import Decision, promote
 from tasks.tracking import log_figure_png, log_metrics_history, metric_key, stage_run
 from transfer.config import Params, flatten
@@ -32,14 +32,15 @@ HISTORY = {"pretrain": "pretrain_history.csv", "finetune_lm": "finetune_lm_histo
            "train_classifier": "classifier_history.csv"}
 
 
-LIBRARY = Path(transfer.__file__).parent  # hashed into every key: a fix in the library reruns the stages
+# hashed into every key: a fix in code a stage can run reruns the stages; an edit of `transfer/status.py` does not
+LIBRARY = module_closure(Path(transfer.__file__).parent, "transfer.stages")
 
 
 @task(cache_policy=content_cache_policy(outputs=("root",), exclude=("params",)), persist_result=True,
       result_serializer="json")
 def stage_task(stage: str, section: dict, inputs: list[Path], params: Params, root: Path,
-               code: Path = LIBRARY) -> dict[str, Any]:
-    """Run one stage. Cached on: the stage, its params section, its inputs' bytes, the library's and this source."""
+               code: dict[str, Path] = LIBRARY) -> dict[str, Any]:
+    """Run one stage. Cached on: the stage, its params section, its inputs' bytes, `code` and this source."""
     paths = Paths(root)
     metrics = run_stage(stage, params, paths)
     return record_outputs(stage_outputs(params, stage, paths), stage=stage, metrics=metrics)

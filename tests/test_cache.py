@@ -20,7 +20,14 @@ from prefect import flow, task  # noqa: E402
 from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: E402
 from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 
-from tasks.cache import cache_dir, content_cache_policy, content_digest, outputs_intact, record_outputs  # noqa: E402
+from tasks.cache import (  # noqa: E402
+    cache_dir,
+    content_cache_policy,
+    content_digest,
+    module_closure,
+    outputs_intact,
+    record_outputs,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -180,3 +187,68 @@ def test_outputs_intact_checks_every_recorded_file(tmp_path):
     (tmp_path / "extra.txt").write_text("new file in a recorded folder")
     assert not outputs_intact(result)
     assert outputs_intact({"accuracy": 0.9})  # records no files: nothing to break
+
+
+def _package(root: Path) -> Path:
+    """A package whose entry module imports some of its modules (one lazily, one relatively) and not others."""
+    pkg = root / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "entry.py": "import os\nfrom pkg import helper\n\n\ndef run():\n"
+                    "    from pkg.sub.deep import VALUE\n    return VALUE\n",
+        "helper.py": "from .shared import CONSTANT\n",
+        "shared.py": "CONSTANT = 1\n",
+        "cli.py": "from pkg.entry import run\n",  # imports the entry; the entry does not import it
+        "sub/__init__.py": "",
+        "sub/deep.py": "from ..shared import CONSTANT as VALUE\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    return pkg
+
+
+def test_module_closure_is_what_the_entry_imports_transitively(tmp_path):
+    pkg = _package(tmp_path)
+    closure = module_closure(pkg, "pkg.entry")
+    assert list(closure) == ["pkg", "pkg.entry", "pkg.helper", "pkg.shared", "pkg.sub", "pkg.sub.deep"]
+    assert closure["pkg.sub.deep"] == pkg / "sub" / "deep.py"
+    assert closure["pkg.sub"] == pkg / "sub" / "__init__.py"
+
+
+@task(cache_policy=content_cache_policy(exclude=["calls"]), persist_result=True)
+def stage(code: dict[str, Path], calls: Path) -> int:
+    with calls.open("a") as f:
+        f.write("ran\n")
+    return 1
+
+
+@flow
+def stage_flow(code: dict[str, Path], calls: Path) -> str:
+    return stage(code, calls, return_state=True).name
+
+
+def test_a_stage_reruns_for_code_it_imports_and_not_for_other_modules(ws):
+    pkg = _package(ws)
+
+    def go() -> str:
+        return stage_flow(module_closure(pkg, "pkg.entry"), ws / "calls")
+
+    assert go() == "Completed"
+    (pkg / "cli.py").write_text("from pkg.entry import run\n\nprint(run())\n")
+    assert go() == "Cached"
+    (pkg / "shared.py").write_text("CONSTANT = 2\n")  # reached only through two imports
+    assert go() == "Completed"
+    assert calls(ws) == 2
+
+
+def test_the_pipeline_keys_on_every_library_module_the_stages_load():
+    script = "import sys, transfer.stages; print(*(m for m in sys.modules if m.split('.')[0] == 'transfer'))"
+    loaded = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                            check=True).stdout.split()
+    from tasks.pipeline import LIBRARY
+
+    assert "transfer.stages" in loaded and "transfer.model" in loaded
+    assert set(loaded) <= set(LIBRARY)
+    assert "transfer.status" not in LIBRARY  # the display module: editing it reruns no stage
+
