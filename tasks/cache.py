@@ -109,19 +109,19 @@ def module_closure(package_dir: str | Path, entry: str) -> dict[str, Path]:
     todo = [entry]
     while todo:
         name = todo.pop()
-        path = source(name)
-        if name in found or path is None:
+        path = None if name in found else source(name)
+        if path is None:
             continue  # seen, or an attribute rather than a module (`from transfer.x import function`)
         found[name] = path
         todo += [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]  # parent packages
-        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]  # the package of `name`
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 todo += [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(here.split(".")[: len(here.split(".")) - node.level + 1] + ([base] if base else []))
+                    base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
                 todo += [base] + [f"{base}.{a.name}" for a in node.names]
         todo = [n for n in todo if n == package or n.startswith(package + ".")]
     return dict(sorted(found.items()))
