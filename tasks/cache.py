@@ -100,18 +100,14 @@ def module_closure(package_dir: str | Path, entry: str) -> dict[str, Path]:
 
     def source(name: str) -> Path | None:
         base = root.joinpath(*name.split(".")[1:])
-        for candidate in (base / "__init__.py", base.with_suffix(".py")):
-            if candidate.is_file() and candidate.resolve().is_relative_to(root.resolve()):
-                return candidate
-        return None
+        return next((c for c in (base / "__init__.py", base.with_suffix(".py")) if c.is_file()), None)
 
     found: dict[str, Path] = {}
     todo = [entry]
     while todo:
         name = todo.pop()
-        path = None if name in found else source(name)
-        if path is None:
-            continue  # seen, or an attribute rather than a module (`from transfer.x import function`)
+        if name in found or name.split(".")[0] != package or (path := source(name)) is None:
+            continue  # seen, another package's, or an attribute (`from transfer.x import function`)
         found[name] = path
         todo += [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]  # parent packages
         here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]  # the package of `name`
@@ -123,7 +119,6 @@ def module_closure(package_dir: str | Path, entry: str) -> dict[str, Path]:
                 if node.level:
                     base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
                 todo += [base] + [f"{base}.{a.name}" for a in node.names]
-        todo = [n for n in todo if n == package or n.startswith(package + ".")]
     return dict(sorted(found.items()))
 
 
