@@ -53,3 +53,18 @@ def test_calibration_keeps_an_overconfident_member_from_dominating():
     calibrated = calibrated_average([good, bad], temps)
     assert acc(calibrated) > acc(naive) + 0.1
     assert acc(calibrated) >= acc(good) - 0.02
+
+
+def test_select_members_never_averages_in_a_member_at_chance():
+    from transfer.stages import select_members
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 4, 400)
+    good = np.eye(4)[np.where(rng.random(400) < 0.85, y, rng.integers(0, 4, 400))] * 0.7 + 0.075
+    also_good = np.eye(4)[np.where(rng.random(400) < 0.85, y, rng.integers(0, 4, 400))] * 0.7 + 0.075
+    chance = np.full((400, 4), 0.01)
+    chance[:, 2] = 0.97  # a collapsed classifier: one class for every text, very confidently
+    members, acc = select_members({"fwd": good, "fwd-1": also_good, "bwd": chance}, y)
+    assert "bwd" not in members and members[0] in ("fwd", "fwd-1")
+    assert acc >= max((good.argmax(1) == y).mean(), (also_good.argmax(1) == y).mean())
+    assert select_members({"bwd": chance}, y)[0] == ["bwd"]  # one member: kept, whatever it scores

@@ -124,8 +124,13 @@ def test_label_budget_stages_self_train_on_the_unlabelled_rows(workspace):
     ck1 = load_checkpoint(paths.art("train_classifier", "checkpoint-fwd-round1.pt"))
     bundle = load_checkpoint(paths.art("train_classifier", "model") / "fwd.pt")
     head = next(k for k in bundle if k.startswith("head") and k.endswith("weight"))
-    assert torch_equal(bundle[head], ck1["model"][head]) and not torch_equal(bundle[head], ck0["model"][head])
-    # the last round trained on labelled + pseudo-labelled rows: more steps per epoch than round 0
+    # the bundle holds the round the validation rows chose: round 1 only if it beat round 0
+    st = metrics["self_training"]
+    kept = 1 if st["round1_valid_accuracy"] > st["round0_valid_accuracy"] else 0
+    assert st["kept_round"] == kept
+    assert torch_equal(bundle[head], (ck0, ck1)[kept]["model"][head])
+    assert not torch_equal(bundle[head], (ck0, ck1)[1 - kept]["model"][head])
+    # round 1 trained on labelled + pseudo-labelled rows: more steps per epoch than round 0
     assert ck1["position"]["global_step"] > ck0["position"]["global_step"]
 
 
@@ -167,13 +172,17 @@ def test_members_are_seeded_apart_and_the_bundle_averages_them(workspace):
         run_stage(stage, p, paths)
     bundle = paths.art("train_classifier", "model")
     assert json.loads((bundle / "meta.json").read_text())["members"] == ["fwd", "fwd-1"]
-    assert set(json.loads(paths.metrics("train_classifier").read_text())) == {"fwd", "fwd-1"}
+    metrics = json.loads(paths.metrics("train_classifier").read_text())
+    assert set(metrics) == {"fwd", "fwd-1", "ensemble"}
+    ensemble = json.loads((bundle / "meta.json").read_text())["ensemble"]
+    assert "+".join(sorted(metrics["ensemble"]["members"].split("+"))) == "+".join(ensemble)
+    assert list(Predictor.from_dir(bundle).models) == ensemble  # the default prediction is the chosen ensemble
     w0, w1 = (load_checkpoint(bundle / f"{m}.pt") for m in ("fwd", "fwd-1"))
     head = next(k for k in w0 if k.startswith("head") and k.endswith("weight"))
     assert not torch_equal(w0[head], w1[head])  # member 1 trained from its own seed
 
     texts = list(pd.read_csv(paths.art("prepare", "test.csv"), dtype=str, keep_default_na=False)["text"])
-    both = Predictor.from_dir(bundle)
+    both = Predictor.from_dir(bundle, ["fwd"])
     single = {}
     for name in ("fwd", "fwd-1"):
         single[name] = Predictor(both.tokenizer, {name: both.models[name]}, both.classes).predict_proba(texts)

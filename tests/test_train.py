@@ -259,3 +259,58 @@ def test_bf16_training_keeps_fp32_weights():
     hp = replace(LM_HP, epochs=1, precision="bf16")
     pretrain_lm(model, LMLoader(stream, hp.bs, hp.bptt), None, hp, progress=False)
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def _spiking(step_loss, at: set[int], how: str):
+    """A step loss that blows up on the listed calls, as a diverging run's does."""
+    calls = {"n": 0}
+
+    def step(model, batch):
+        loss, n, scale = step_loss(model, batch)
+        calls["n"] += 1
+        if calls["n"] in at:
+            loss = loss * float("nan") if how == "nan" else loss * 10
+        return loss, n, scale
+    return step
+
+
+@pytest.mark.parametrize("how", ["spike", "nan"])
+def test_divergence_rewinds_and_halves_the_lr_then_finishes(how, monkeypatch):
+    import transfer.train as T
+
+    loader = LMLoader(markov_stream(8_000), 8, 20, variable=False)
+    hp = replace(LM_HP, epochs=1, spike_factor=2.0)
+    monkeypatch.setattr(T, "_lm_step", lambda a, b: _spiking(_lm_step(a, b), {45}, how))
+    log = []
+    with pytest.warns(UserWarning, match="diverged; rewound to step 20 and halved the lr"):
+        pretrain_lm(small_lm(), loader, None, hp, progress=False, step_log=log)
+    assert [r["step"] for r in log] == list(range(len(loader.seq_lens(0))))  # every step once, in order
+    assert all(math.isfinite(r["loss"]) for r in log)
+    reference = []
+    monkeypatch.setattr(T, "_lm_step", _lm_step)
+    pretrain_lm(small_lm(), loader, None, hp, progress=False, step_log=reference)
+    assert [r["lr"] for r in log[:20]] == [r["lr"] for r in reference[:20]]
+    assert [r["lr"] for r in log[20:]] == pytest.approx([r["lr"] / 2 for r in reference[20:]])
+
+
+def test_divergence_beyond_max_recoveries_stops_with_a_clear_error(monkeypatch):
+    import transfer.train as T
+
+    loader = LMLoader(markov_stream(8_000), 8, 20, variable=False)
+    monkeypatch.setattr(T, "_lm_step", lambda a, b: _spiking(_lm_step(a, b), set(range(30, 10**6)), "spike"))
+    with pytest.raises(T.Diverged, match=r"pretrain: loss .* diverged again after 2 recoveries"):
+        with pytest.warns(UserWarning):
+            pretrain_lm(small_lm(), loader, None, replace(LM_HP, epochs=1, max_recoveries=2), progress=False)
+
+
+def test_warm_up_floor_delays_the_peak_lr():
+    loader = LMLoader(markov_stream(8_000), 8, 20, variable=False)
+    n = len(loader.seq_lens(0))
+    peaks = {}
+    for floor in (0, 20):
+        log = []
+        pretrain_lm(small_lm(), loader, None, replace(LM_HP, epochs=1, warmup_min_steps=floor), progress=False,
+                    step_log=log)
+        lrs = [r["lr"] for r in log]
+        peaks[floor] = lrs.index(max(lrs))
+    assert peaks[0] == math.floor(n * LM_HP.cut_frac) and peaks[20] == 20, (n, peaks)

@@ -159,11 +159,16 @@ class TrainParams:
     beta: float = 1.0  # temporal activation regularisation (TAR) weight
     schedule: str = "stlr"  # "stlr": slanted triangular; "one_cycle": cosine one-cycle
     cut_frac: float = 0.1  # share of steps spent warming up
+    warmup_min_steps: int = 0  # floor on the warm-up, in optimizer steps per phase (at most half the phase), so a
+    # short budget does not reach the peak lr within a few dozen steps
     ratio: float = 32  # peak lr / lowest lr of the schedule
     checkpoint_every: int = 200  # optimiser steps between resumable checkpoints
     early_stop_patience: int | None = None  # evaluations without improvement before stopping; None: never
     seed: int = 0
     precision: str = "auto"  # "auto": bf16 autocast on a GPU or a bf16-capable CPU, else fp32
+    spike_factor: float | None = None  # divergence: a step loss above this times the running mean of the loss
+    # (or any non-finite loss) rewinds to a state 20-40 steps back and halves the lr; None: non-finite losses only
+    max_recoveries: int = 3  # rewinds allowed before training stops with an error; 0: stop at the first divergence
 
     def __post_init__(self) -> None:
         _at_least(self.bs, "bs", 1)
@@ -183,6 +188,10 @@ class TrainParams:
         _at_least(self.checkpoint_every, "checkpoint_every", 1)
         _at_least(self.early_stop_patience, "early_stop_patience", 1)
         _one_of(self.precision, "precision", ["auto", "fp32", "bf16"])
+        _at_least(self.warmup_min_steps, "warmup_min_steps", 0)
+        _require(self.spike_factor is None or self.spike_factor > 1, "spike_factor",
+                 f"must be > 1 or null, got {self.spike_factor!r}")
+        _at_least(self.max_recoveries, "max_recoveries", 0)
 
 
 @dataclass(frozen=True)
@@ -190,12 +199,17 @@ class LMTrainParams(TrainParams):
     """Language-model training: epochs over a token stream, optionally capped."""
 
     epochs: int = 1
-    max_tokens: int | None = None  # cap on tokens per epoch (a prefix of the stream); None: all
+    max_tokens: int | None = None  # cap on tokens per epoch (a prefix of every batch row); None: all
+    spike_factor: float | None = 2.0  # an LM's step loss moves by a few % between steps; a doubling is divergence
+    fail_at_unigram: float | None = 0.8  # the stage fails if held-out perplexity ends at or above this share of the
+    # unigram model's (healthy 1-epoch Wikipedia LMs: ~0.3; the diverged backward LM: 0.92); None: report only
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _at_least(self.epochs, "epochs", 1)
         _at_least(self.max_tokens, "max_tokens", 1)
+        _require(self.fail_at_unigram is None or 0 < self.fail_at_unigram, "fail_at_unigram",
+                 f"must be > 0 or null, got {self.fail_at_unigram!r}")
 
 
 @dataclass(frozen=True)

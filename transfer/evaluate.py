@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -63,6 +64,9 @@ def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, classes: list
     )
 
 
+MEMBER = re.compile(r"(fwd|bwd)(-[1-9][0-9]{0,3})?")  # member names double as file names: nothing else passes
+
+
 def member_name(direction: str, index: int) -> str:
     """Bundle name of a direction's `index`-th classifier: fwd, fwd-1, fwd-2, ... (member 0 keeps the bare name)."""
     return direction if index == 0 else f"{direction}-{index}"
@@ -73,8 +77,12 @@ def member_direction(name: str) -> str:
 
 
 def save_classifier(out_dir: Path, tokenizer_path: Path, classes: list[str], cfg: AWDLSTMConfig,
-                    states: dict[str, dict[str, torch.Tensor]], bptt: int, max_len: int) -> Path:
-    """Write a self-contained bundle: spm.model, meta.json and one state_dict per member (fwd.pt, bwd.pt, fwd-1.pt)."""
+                    states: dict[str, dict[str, torch.Tensor]], bptt: int, max_len: int,
+                    ensemble: list[str] | None = None) -> Path:
+    """Write a self-contained bundle: spm.model, meta.json and one state_dict per member (fwd.pt, bwd.pt, fwd-1.pt).
+
+    `ensemble`: the members a prediction averages by default (all of them if None); every member stays loadable.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_path(out_dir / "spm.model") as tmp:
@@ -84,7 +92,8 @@ def save_classifier(out_dir: Path, tokenizer_path: Path, classes: list[str], cfg
             torch.save({k: v.detach().cpu() for k, v in state.items()}, tmp)
     # meta.json last: a bundle without it is incomplete and refuses to load
     write_json(out_dir / "meta.json", dict(classes=list(classes), config=cfg.to_dict(), bptt=bptt,
-                                           max_len=max_len, members=sorted(states)))
+                                           max_len=max_len, members=sorted(states),
+                                           ensemble=sorted(ensemble if ensemble is not None else states)))
     for stale in out_dir.glob("*.pt"):  # members of an earlier, larger bundle
         if stale.stem not in states:
             stale.unlink()
@@ -115,7 +124,13 @@ class Predictor:
                                 f"{cfg.vocab_size}")
         device = pick_device()
         names = meta.get("members", meta.get("directions"))  # "directions": bundles written before members
-        if directions is not None:
+        bad = [n for n in names + meta.get("ensemble", []) if not isinstance(n, str) or not MEMBER.fullmatch(n)]
+        if bad or not set(meta.get("ensemble", names)) <= set(names):
+            raise TransferError(f"{meta_path}: member names must be fwd, bwd, fwd-1, ... of its members; got "
+                                f"{(bad or meta.get('ensemble'))!r}")
+        if directions is None:  # the ensemble chosen on validation rows (bundles before it: every member)
+            names = meta.get("ensemble", names)
+        else:
             missing = [d for d in directions if not any(member_direction(n) == d for n in names)]
             if missing:
                 raise TransferError(f"{path}: no {'/'.join(missing)} classifier in this bundle (it has {names})")

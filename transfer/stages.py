@@ -206,6 +206,7 @@ def _lm_stage(stage: str, p: Params, paths: Paths, hp, stream: np.ndarray, valid
               init: Callable[[str], dict | None], run: Callable, data_id: Callable[[str], object]) -> dict:
     vocab = Tokenizer.load(paths.art("tokenize", "spm.model"))
     cut = int(len(stream) * (1 - valid_frac))
+    unigram = unigram_perplexity(stream[:cut], stream[cut:], vocab.vocab_size)
     metrics, rows = {}, []
     for direction in p.model.directions:
         _seed(hp.seed)
@@ -223,12 +224,30 @@ def _lm_stage(stage: str, p: Params, paths: Paths, hp, stream: np.ndarray, valid
         # Summed over epochs, which carry their time across an interruption: a resumed run reports its whole cost.
         train_s = sum(r["time_s"] for r in history)
         metrics[direction] = dict(valid_ppl=history[-1]["valid_ppl"], valid_loss=history[-1]["valid_loss"],
+                                  unigram_ppl=unigram, recoveries=int(history[-1].get("recoveries", 0)),
                                   tokens_per_s=sum(r["items_per_s"] * r["time_s"] for r in history) / max(train_s, 1e-9),
                                   train_s=train_s, train_tokens=train.tokens_per_epoch())
     write_csv(paths.plot(f"{stage}_history.csv"), rows)
     plot_history(rows, paths.plot(f"{stage}_loss.png"), f"{stage}: loss per epoch")
+    ratio = hp.fail_at_unigram
+    failed = {d: m["valid_ppl"] for d, m in metrics.items() if ratio is not None and m["valid_ppl"] >= ratio * unigram}
+    if failed:  # no metrics file: the stage is not done, and the next stage never reads a dead LM
+        raise TransferError(f"{stage}: held-out perplexity " + ", ".join(f"{d} {v:,.1f}" for d, v in failed.items())
+                            + f" against {unigram:,.1f} for word frequencies alone (unigram; {stage}.fail_at_unigram "
+                            f"is {ratio}): the LM failed to learn. See {paths.plot(f'{stage}_loss.png')}; lower "
+                            f"{stage}.lr or raise {stage}.warmup_min_steps")
     write_json(paths.metrics(stage), metrics)
     return metrics
+
+
+UNIGRAM_FAIL = 0.8  # an LM at >= 80% of the unigram perplexity failed (healthy 1-epoch LMs: ~30%; diverged: 92%)
+
+
+def unigram_perplexity(train: np.ndarray, valid: np.ndarray, vocab_size: int) -> float:
+    """Perplexity on `valid` of the add-one-smoothed token frequencies of `train`: what an LM must beat by far."""
+    counts = np.bincount(train, minlength=vocab_size).astype(np.float64) + 1.0
+    logp = np.log(counts / counts.sum())
+    return float(np.exp(-logp[np.asarray(valid, dtype=np.int64)].mean()))
 
 
 def pretrain(p: Params, paths: Paths = Paths()) -> dict:
@@ -383,13 +402,17 @@ def classify(p: Params, paths: Paths = Paths()) -> dict:
     Members of a direction differ only in their seed (init, dropout masks, batch order); averaging them cuts
     the variance of one fine-tuning run. Self-training (`classifier.self_train_rounds`): after each round the
     members' ensemble labels the budget's unlabelled training texts; the confident share joins the labelled
-    rows and every member is retrained from its domain LM. Only the last round's classifiers are kept. With
-    `self_train_teacher: probe`, a linear probe on the frozen domain LMs labels round 1 and round 0 is skipped.
+    rows and every member is retrained from its domain LM. With `self_train_teacher: probe`, a linear probe on
+    the frozen domain LMs labels round 1 and round 0 is skipped. Validation rows guard both choices: rounds go
+    on only while the round's validation accuracy improves (the best round is kept), and the bundle's ensemble
+    holds only the members that do not lower its validation accuracy (`select_members`).
     """
     hp = p.classifier
     classes = json.loads(paths.metrics("prepare").read_text())["classes"]
     tok = Tokenizer.load(paths.art("tokenize", "spm.model"))
     unlabelled = list(pd.read_csv(paths.art("prepare", "unlabelled.csv"), dtype=str, keep_default_na=False)["text"])
+    valid = pd.read_csv(paths.art("prepare", "valid.csv"), dtype=str, keep_default_na=False)
+    y_valid = valid["label"].map({c: i for i, c in enumerate(classes)}).to_numpy()
     rounds = hp.self_train_rounds if unlabelled else 0
     pseudo: tuple[list[str], np.ndarray] | None = None
     self_training: dict[str, float] = {}
@@ -397,6 +420,7 @@ def classify(p: Params, paths: Paths = Paths()) -> dict:
     if rounds and hp.self_train_teacher == "probe":
         pseudo, self_training = _probe_pseudo_labels(p, paths, tok, classes, unlabelled)
         first = 1
+    best: dict | None = None
     for r in range(first, rounds + 1):
         states, metrics, rows, steps, models = {}, {}, [], [], {}
         for direction, i in itertools.product(p.model.directions, range(hp.members)):
@@ -413,24 +437,51 @@ def classify(p: Params, paths: Paths = Paths()) -> dict:
             steps = steps or log
             metrics[name] = dict(valid_accuracy=history[-1]["valid_accuracy"],
                                  valid_loss=history[-1]["valid_loss"], train_s=time.perf_counter() - t0)
+        member_probs = {n: Predictor(tok, {n: m}, classes, p.evaluate.batch_size).predict_proba(list(valid["text"]))
+                        for n, m in models.items()}
+        ensemble, ensemble_acc = select_members(member_probs, y_valid)
+        this = dict(round=r, states=states, metrics=metrics, rows=rows, steps=steps, ensemble=ensemble,
+                    valid_accuracy=ensemble_acc, cfg=next(iter(models.values())).cfg)
         if rounds:
-            self_training[f"round{r}_valid_accuracy"] = float(np.mean([m["valid_accuracy"] for m in metrics.values()]))
+            self_training[f"round{r}_valid_accuracy"] = ensemble_acc
+        if best is not None and ensemble_acc <= best["valid_accuracy"]:
+            break  # self-training stopped helping on the validation rows: keep the best round so far
+        best = this
         if r < rounds:
-            probs = Predictor(tok, models, classes, p.evaluate.batch_size).predict_proba(unlabelled)
+            probs = Predictor(tok, {n: models[n] for n in ensemble}, classes,
+                              p.evaluate.batch_size).predict_proba(unlabelled)
             idx, labels = select_pseudo_labels(probs, hp.pseudo_label_frac)
             pseudo = ([unlabelled[i] for i in idx], labels)
             self_training[f"round{r + 1}_pseudo_labelled"] = len(idx)
-    cfg = model.cfg
-    save_classifier(paths.art("train_classifier", "model"), paths.art("tokenize", "spm.model"), classes, cfg,
-                    states, hp.bptt, hp.max_len)
-    write_csv(paths.plot("classifier_history.csv"), rows)
-    write_csv(paths.plot("lr_schedule.csv"), [dict(step=s["step"], lr=s["lr"]) for s in steps])
-    plot_history(rows, paths.plot("classifier_loss.png"), "classifier: loss per epoch")
-    plot_lr_schedule(steps, paths.plot("lr_schedule.png"), "classifier LR: gradual unfreezing + STLR")
+    assert best is not None
+    save_classifier(paths.art("train_classifier", "model"), paths.art("tokenize", "spm.model"), classes, best["cfg"],
+                    best["states"], hp.bptt, hp.max_len, ensemble=best["ensemble"])
+    write_csv(paths.plot("classifier_history.csv"), best["rows"])
+    write_csv(paths.plot("lr_schedule.csv"), [dict(step=s["step"], lr=s["lr"]) for s in best["steps"]])
+    plot_history(best["rows"], paths.plot("classifier_loss.png"), "classifier: loss per epoch")
+    plot_lr_schedule(best["steps"], paths.plot("lr_schedule.png"), "classifier LR: gradual unfreezing + STLR")
+    metrics = dict(best["metrics"], ensemble=dict(members="+".join(best["ensemble"]),
+                                                  valid_accuracy=best["valid_accuracy"]))
     if self_training:
-        metrics["self_training"] = self_training
+        metrics["self_training"] = dict(self_training, kept_round=best["round"])
     write_json(paths.metrics("train_classifier"), metrics)
     return metrics
+
+
+def select_members(member_probs: dict[str, np.ndarray], y: np.ndarray) -> tuple[list[str], float]:
+    """The ensemble by validation: the best member, then each next-best one whose averaged-in probabilities
+    do not lower validation accuracy. A member at chance (a diverged LM's classifier) is never averaged in.
+
+    Returns (member names, the ensemble's validation accuracy).
+    """
+    acc = {n: float((pr.argmax(1) == y).mean()) for n, pr in member_probs.items()}
+    order = sorted(acc, key=lambda n: (-acc[n], n))
+    chosen, best = [order[0]], acc[order[0]]
+    for n in order[1:]:
+        trial = float((np.mean([member_probs[m] for m in chosen + [n]], axis=0).argmax(1) == y).mean())
+        if trial >= best:
+            chosen, best = chosen + [n], trial
+    return chosen, best
 
 
 # --- evaluate ---------------------------------------------------------------------------------------
@@ -473,21 +524,22 @@ def evaluate(p: Params, paths: Paths = Paths()) -> dict:
     direction_probs: dict[tuple[str, str], np.ndarray] = {}  # (direction, split): each inferred once
     tfidf: dict[str, np.ndarray] = {}  # split -> probabilities of one TF-IDF fit
 
-    def ulmfit(directions: list[str], split: str) -> np.ndarray:
-        for d in directions:
-            if (d, split) not in direction_probs:
-                predictor = Predictor.from_dir(bundle, [d], p.evaluate.batch_size)
-                direction_probs[d, split] = predictor.predict_proba(split_texts[split])
-        return np.mean([direction_probs[d, split] for d in directions], axis=0)  # as Predictor averages them
+    def ulmfit(directions: list[str] | None, split: str) -> np.ndarray:
+        """One direction's members, or (None) the bundle's ensemble as chosen on validation rows."""
+        key = "+".join(directions) if directions else "ensemble"
+        if (key, split) not in direction_probs:
+            predictor = Predictor.from_dir(bundle, directions, p.evaluate.batch_size)
+            direction_probs[key, split] = predictor.predict_proba(split_texts[split])
+        return direction_probs[key, split]
 
     def tfidf_probs(split: str) -> np.ndarray:
         if not tfidf:
             tfidf["test"], tfidf["valid"] = tfidf_proba(frames["train"], [texts, valid_texts], classes, p.data.seed)
         return tfidf[split]
 
-    directions = list(p.model.directions)
     probs: dict[str, np.ndarray] = {}
     timings: dict[str, float] = {}
+    chosen: dict[str, str] = {}
     for variant in p.evaluate.variants:
         t0 = time.perf_counter()
         if variant == "tfidf":
@@ -495,11 +547,14 @@ def evaluate(p: Params, paths: Paths = Paths()) -> dict:
         elif variant in ("ulmfit_fwd", "ulmfit_bwd"):
             probs[variant] = ulmfit([variant.split("_")[1]], "test")
         elif variant == "ulmfit_ensemble":
-            probs[variant] = ulmfit(directions, "test")
-        elif variant == "ulmfit+tfidf":
-            temps = [fit_temperature(ulmfit(directions, "valid"), y_valid),
-                     fit_temperature(tfidf_probs("valid"), y_valid)]
-            probs[variant] = calibrated_average([ulmfit(directions, "test"), tfidf_probs("test")], temps)
+            probs[variant] = ulmfit(None, "test")
+        elif variant == "ulmfit+tfidf":  # the average, or its better member where the validation rows say so
+            temps = [fit_temperature(ulmfit(None, "valid"), y_valid), fit_temperature(tfidf_probs("valid"), y_valid)]
+            options = {"average": lambda split: calibrated_average([ulmfit(None, split), tfidf_probs(split)], temps),
+                       "ulmfit": lambda split: ulmfit(None, split), "tfidf": tfidf_probs}
+            valid_acc = {k: float((f("valid").argmax(1) == y_valid).mean()) for k, f in options.items()}
+            chosen[variant] = max(options, key=lambda k: valid_acc[k])  # ties: the average (listed first)
+            probs[variant] = options[chosen[variant]]("test")
         else:  # scratch, no_lm_tuning: the same classifier recipe from a random or an untuned-LM encoder
             source = None if variant == "scratch" else paths.art("pretrain", "lm-fwd.pt")
             # checkpoints in evaluate's own folder: train_classifier's outputs stay untouched
@@ -514,8 +569,9 @@ def evaluate(p: Params, paths: Paths = Paths()) -> dict:
         m = classification_metrics(y, pr.argmax(1), classes)
         results[variant] = dict(accuracy=m["accuracy"], error_rate=m["error_rate"], macro_f1=m["macro_f1"],
                                 seconds=timings[variant], full=m)
-    ulmfit = [v for v in results if v.startswith("ulmfit_")]  # the champion is a pure ULMFiT bundle
-    champion = max(ulmfit, key=lambda v: results[v]["accuracy"]) if ulmfit else None
+    # the registered bundle predicts with its validation-chosen ensemble: that is the candidate, never a test pick
+    ulmfit_variants = [v for v in ("ulmfit_ensemble", "ulmfit_fwd", "ulmfit_bwd") if v in results]
+    champion = ulmfit_variants[0] if ulmfit_variants else None
     if champion:
         best = results[champion]["full"]
         write_csv(paths.plot("confusion.csv"), [dict(actual=classes[a], predicted=classes[b])
@@ -523,6 +579,7 @@ def evaluate(p: Params, paths: Paths = Paths()) -> dict:
         plot_confusion(best["confusion_matrix"], classes, paths.plot("confusion.png"), f"{champion} on test")
     metrics = dict(variants={v: {k: r[k] for k in ("accuracy", "error_rate", "macro_f1")} for v, r in results.items()},
                    details={v: r["full"] for v, r in results.items()}, champion_candidate=champion,
+                   chosen_on_validation=chosen,
                    test_digest=prep["test_digest"], n_test=len(y))
     write_json(paths.metrics("evaluate"), metrics)
     return metrics

@@ -50,11 +50,18 @@ class TrainHP(Protocol):
     beta: float  # TAR: temporal activation regularisation on the raw last-layer output (LM only)
     schedule: str
     cut_frac: float
+    warmup_min_steps: int  # floor on the warm-up in steps per phase
     ratio: float
     checkpoint_every: int  # optimizer steps between checkpoints; 0 = only at epoch ends
     early_stop_patience: int | None
     seed: int
     precision: str
+    spike_factor: float | None  # a step loss above this times its running mean is a divergence
+    max_recoveries: int
+
+
+class Diverged(TransferError):
+    """Training diverged more often than `max_recoveries` allows."""
 
 
 @dataclass(frozen=True)
@@ -170,7 +177,8 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
     opt = torch.optim.AdamW([{"params": g} for g in groups], lr=hp.lr, betas=tuple(hp.betas), eps=1e-5,
                             weight_decay=hp.wd, fused=True)  # one kernel for all params: 146 -> 20 ms a step
     history: list[dict[str, float]] = []
-    pos = dict(phase=0, epoch_in_phase=0, step_in_epoch=0, global_epoch=0, global_step=0)
+    # lr_scale: halved at each recovery from a divergence, for the rest of the run
+    pos = dict(phase=0, epoch_in_phase=0, step_in_epoch=0, global_epoch=0, global_step=0, lr_scale=1.0, recoveries=0)
     best = dict(value=None, state=None, bad_epochs=0)
     # The current epoch's running totals, checkpointed with it so that a resumed epoch reports the loss, time
     # (training seconds, summed over invocations) and throughput of the whole epoch, not of its last part.
@@ -184,7 +192,8 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
         if ck is not None:
             model.load_state_dict(ck["model"])
             opt.load_state_dict(ck["optimizer"])
-            history, pos, best = ck["history"], ck["position"], ck["best"]
+            history, best = ck["history"], ck["best"]
+            pos.update(ck["position"])
             acc = ck.get("epoch_acc", acc)
             steps[:] = ck.get("steps", [])
             torch.set_rng_state(ck["rng_torch"])
@@ -207,10 +216,11 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
     while pos["phase"] < len(phases) and not stopped:
         phase = phases[pos["phase"]]
         freeze_to(model, phase.freeze_to)
-        lrs = discriminative_lrs(hp.lr * phase.lr_mult, len(groups), hp.lr_decay)
         first_epoch = pos["global_epoch"] - pos["epoch_in_phase"]
         phase_steps = sum(steps_in_epoch(first_epoch + e) for e in range(phase.epochs))
         steps_before = sum(steps_in_epoch(first_epoch + e) for e in range(pos["epoch_in_phase"]))
+        # the warm-up floor: at least warmup_min_steps (at most half the phase) before the peak lr
+        cut_frac = max(hp.cut_frac, min(0.5, getattr(hp, "warmup_min_steps", 0) / max(phase_steps, 1)))
         while pos["epoch_in_phase"] < phase.epochs:
             epoch = pos["global_epoch"]
             model.train()
@@ -222,36 +232,48 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
             if pos["step_in_epoch"] == 0:
                 acc = dict(new_epoch)
             t0 = time.perf_counter()
-            for batch in batches(epoch, pos["step_in_epoch"]):
-                step = steps_before + pos["step_in_epoch"]
-                with autocast(device, hp.precision):
-                    loss, n_items, lr_scale = step_loss(model, batch)
-                for g, lr in zip(opt.param_groups, lrs):
-                    g["lr"] = lr_at(hp.schedule, step, phase_steps, lr, hp.cut_frac, hp.ratio) * lr_scale
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if hp.clip:
-                    nn.utils.clip_grad_norm_([p for g in groups for p in g if p.requires_grad], hp.clip)
-                opt.step()
-                loss_value = loss.item()
-                steps.append(dict(step=pos["global_step"], lr=opt.param_groups[-1]["lr"], loss=loss_value))
-                acc.update(items=acc["items"] + n_items, loss_sum=acc["loss_sum"] + loss_value,
-                           loss_n=acc["loss_n"] + 1)
-                pos["step_in_epoch"] += 1
-                pos["global_step"] += 1
-                rate = acc["items"] / max(acc["seconds"] + time.perf_counter() - t0, 1e-9)
-                bar.update(1)
-                bar.set_postfix(loss=f"{acc['loss_sum'] / acc['loss_n']:.3f}", **{f"{unit}/s": f"{rate:,.0f}"})
-                if hp.checkpoint_every and pos["global_step"] % hp.checkpoint_every == 0:
-                    checkpoint()
-                if stop_after_steps is not None and pos["global_step"] >= stop_after_steps:
-                    bar.close()
-                    return history
+            guard = _DivergenceGuard(hp)
+            guard.snapshot(model, opt, pos, acc, len(steps))
+            rewound = True
+            while rewound:  # a recovery restarts the batches at the restored step
+                rewound = False
+                lrs = discriminative_lrs(hp.lr * phase.lr_mult * pos["lr_scale"], len(groups), hp.lr_decay)
+                for batch in batches(epoch, pos["step_in_epoch"]):
+                    step = steps_before + pos["step_in_epoch"]
+                    with autocast(device, hp.precision):
+                        loss, n_items, lr_scale = step_loss(model, batch)
+                    loss_value = loss.item()
+                    if guard.diverged(loss_value):
+                        acc = guard.rewind(model, opt, pos, steps, desc, loss_value)
+                        bar.n = pos["step_in_epoch"]
+                        rewound = True
+                        break
+                    for g, lr in zip(opt.param_groups, lrs):
+                        g["lr"] = lr_at(hp.schedule, step, phase_steps, lr, cut_frac, hp.ratio) * lr_scale
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if hp.clip:
+                        nn.utils.clip_grad_norm_([p for g in groups for p in g if p.requires_grad], hp.clip)
+                    opt.step()
+                    steps.append(dict(step=pos["global_step"], lr=opt.param_groups[-1]["lr"], loss=loss_value))
+                    acc.update(items=acc["items"] + n_items, loss_sum=acc["loss_sum"] + loss_value,
+                               loss_n=acc["loss_n"] + 1)
+                    pos["step_in_epoch"] += 1
+                    pos["global_step"] += 1
+                    guard.every_step(model, opt, pos, acc, len(steps))
+                    rate = acc["items"] / max(acc["seconds"] + time.perf_counter() - t0, 1e-9)
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{acc['loss_sum'] / acc['loss_n']:.3f}", **{f"{unit}/s": f"{rate:,.0f}"})
+                    if hp.checkpoint_every and pos["global_step"] % hp.checkpoint_every == 0:
+                        checkpoint()
+                    if stop_after_steps is not None and pos["global_step"] >= stop_after_steps:
+                        bar.close()
+                        return history
             bar.close()
             seconds = acc["seconds"] + time.perf_counter() - t0
             row = dict(phase=pos["phase"], epoch=epoch, step=pos["global_step"],
                        train_loss=acc["loss_sum"] / max(acc["loss_n"], 1), lr=opt.param_groups[-1]["lr"],
-                       items_per_s=acc["items"] / max(seconds, 1e-9), time_s=seconds)
+                       items_per_s=acc["items"] / max(seconds, 1e-9), time_s=seconds, recoveries=pos["recoveries"])
             if validate is not None:
                 row.update(validate(model))
                 model.train()
@@ -280,6 +302,71 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
     freeze_to(model, 0)
     checkpoint(finished=True)
     return history
+
+
+class _DivergenceGuard:
+    """Catches a diverging run within an epoch and rewinds it to an earlier state at half the lr.
+
+    A step loss that is not finite, or above `hp.spike_factor` times the running mean of the loss (after 20
+    steps), is a divergence. The guard keeps two in-memory snapshots, taken every 20 steps; a rewind restores
+    the older one (20-40 steps back, before the weights went bad), halves the lr for the rest of the run and
+    counts a recovery; past `hp.max_recoveries` it raises `Diverged`. The snapshots cost two copies of the
+    weights and optimizer state; an LM's loss moves by a few % a step, so a doubling is not noise.
+    """
+
+    every, burn_in, beta = 20, 20, 0.9
+
+    def __init__(self, hp: TrainHP):
+        self.factor = getattr(hp, "spike_factor", None)
+        self.max_recoveries = getattr(hp, "max_recoveries", 3)
+        self.mean, self.n = 0.0, 0
+        self.snaps: list[dict] = []
+
+    def diverged(self, loss: float) -> bool:
+        if not math.isfinite(loss):
+            return True
+        mean = self.mean / (1 - self.beta ** self.n) if self.n else loss
+        if self.factor is not None and self.n >= self.burn_in and loss > self.factor * mean:
+            return True
+        self.mean, self.n = self.beta * self.mean + (1 - self.beta) * loss, self.n + 1
+        return False
+
+    def snapshot(self, model: nn.Module, opt: torch.optim.Optimizer, pos: dict, acc: dict, n_steps: int) -> None:
+        self.snaps = self.snaps[-1:] + [dict(
+            model=copy.deepcopy(model.state_dict()), opt=copy.deepcopy(opt.state_dict()), pos=dict(pos),
+            acc=dict(acc), n_steps=n_steps, rng=torch.get_rng_state(), hidden=_hidden_state(model))]
+
+    def every_step(self, model: nn.Module, opt: torch.optim.Optimizer, pos: dict, acc: dict, n_steps: int) -> None:
+        if pos["step_in_epoch"] % self.every == 0:
+            self.snapshot(model, opt, pos, acc, n_steps)
+
+    def rewind(self, model: nn.Module, opt: torch.optim.Optimizer, pos: dict, steps: list, desc: str,
+               loss: float) -> dict:
+        """Restore the oldest snapshot, halve the lr; returns the epoch's running totals as they were then."""
+        where = f"{desc}: loss {loss:.4g} at step {pos['global_step']} (running mean {self.mean_value():.4g})"
+        if pos["recoveries"] >= self.max_recoveries:
+            raise Diverged(f"{where}: training diverged again after {pos['recoveries']} recoveries at a lower "
+                           f"lr; lower the stage's lr or raise its warmup_min_steps")
+        snap = self.snaps[0]
+        model.load_state_dict(snap["model"])
+        opt.load_state_dict(snap["opt"])
+        torch.set_rng_state(snap["rng"])
+        if snap["hidden"] is not None:
+            device = next(model.parameters()).device
+            model.encoder.hidden = [(h.to(device), c.to(device)) for h, c in snap["hidden"]]
+        elif hasattr(model, "reset"):
+            model.reset()
+        recoveries, lr_scale = pos["recoveries"] + 1, pos["lr_scale"] / 2
+        pos.update(snap["pos"], recoveries=recoveries, lr_scale=lr_scale)
+        del steps[snap["n_steps"]:]
+        self.snaps = [snap]  # the running mean stays the healthy one from before the spike
+        warnings.warn(f"{where}: diverged; rewound to step {pos['global_step']} and halved the lr "
+                      f"(x{lr_scale:g} of the configured peak; recovery {recoveries} of {self.max_recoveries})",
+                      stacklevel=2)
+        return dict(snap["acc"])
+
+    def mean_value(self) -> float:
+        return self.mean / (1 - self.beta ** self.n) if self.n else float("nan")
 
 
 def _try_resume(path: Path, fingerprint: str) -> dict | None:
