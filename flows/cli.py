@@ -353,6 +353,41 @@ def sample_efficiency(budgets: str = typer.Option("100,200,500,1000,all", help="
     Console().print("plots/sample_efficiency.png, plots/sample_efficiency.csv, metrics/sample_efficiency.json")
 
 
+@app.command()
+def benchmark(suite: Path = typer.Option(..., "--suite", help="Suite file: base params, datasets, budgets, seeds "
+                                         "(benchmarks/dev.yaml)."),
+              out: Path = typer.Option(Path("benchmark-results"), "--out", help="Folder for results.csv, results.md, "
+                                       "the plots and every cell's workspace."),
+              budgets: Optional[str] = typer.Option(None, help="Label budgets, comma-separated ('all' = every row); "
+                                                    "default: the suite's."),
+              seeds: Optional[str] = typer.Option(None, help="Seeds, comma-separated; default: the suite's."),
+              datasets: Optional[str] = typer.Option(None, help="Only these datasets of the suite, comma-separated."),
+              general_lm: Optional[Path] = typer.Option(None, "--general-lm", help="A workspace whose tokenize and "
+                                                        "pretrain stages are done; default: the suite's, else built "
+                                                        "once in OUT/general."),
+              resume: bool = typer.Option(False, help="Keep the rows of OUT/results.csv whose cell had the same "
+                                          "params, data and general LM; run only the missing cells.")) -> None:
+    """Every dataset of a suite at every label budget and seed: one general LM, each dataset's domain LMs, the
+    classifiers and the baselines. Writes OUT/results.csv (one row per dataset x budget x seed x variant),
+    OUT/results.md (means with [min, max]) and OUT/<dataset>.png; one MLflow parent run, a nested run per cell.
+    Interrupted? Run it again with --resume: finished cells are kept, training resumes from its checkpoints."""
+    from flows.benchmark import run_benchmark
+    from transfer.benchmark import check_budget
+
+    budget_list = [check_budget(b.strip()) for b in budgets.split(",")] if budgets else None
+    try:
+        seed_list = [int(s) for s in seeds.split(",")] if seeds else None
+    except ValueError:
+        raise TransferError(f"--seeds must be integers separated by commas, got {seeds!r}") from None
+    with workspace_lock(0):
+        rows = run_benchmark(str(suite), str(out), budget_list, seed_list, str(general_lm) if general_lm else None,
+                             resume, [d.strip() for d in datasets.split(",")] if datasets else None)
+    from transfer.benchmark import markdown_table
+
+    typer.echo(markdown_table(rows) if rows else "no cells ran")
+    console.print(f"{out}/results.csv, {out}/results.md, {out}/<dataset>.png")
+
+
 def main() -> None:
     """Entry point: project errors print as one paragraph (no traceback unless --debug)."""
     try:

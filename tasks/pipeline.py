@@ -14,7 +14,8 @@ import transfer
 
 from tasks.cache import content_cache_policy, module_closure, record_outputs
 from tasks.registry import Decision, promote
-from tasks.tracking import log_figure_png, log_metrics_history, metric_key, stage_run
+from tasks.tracking import log_figure_png, log_metrics_history, metric_key, stage_run, step_metrics_listener
+from transfer import progress
 from transfer.config import Params, flatten
 from transfer.stages import Paths, run_stage, stage_inputs, stage_outputs, stage_params
 
@@ -42,7 +43,8 @@ def stage_task(stage: str, section: dict, inputs: list[Path], params: Params, ro
                code: dict[str, Path] = LIBRARY) -> dict[str, Any]:
     """Run one stage. Cached on: the stage, its params section, its inputs' bytes, `code` and this source."""
     paths = Paths(root)
-    metrics = run_stage(stage, params, paths)
+    with progress.subscribe(step_metrics_listener()):
+        metrics = run_stage(stage, params, paths)
     return record_outputs(stage_outputs(params, stage, paths), stage=stage, metrics=metrics)
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "log_metrics_history",
     "log_figure_png",
     "metric_key",
+    "step_metrics_listener",
 ]
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
@@ -58,6 +59,25 @@ _pipeline_run_id: str | None = None  # this process's pipeline run, for stages r
 def metric_key(name: str) -> str:
     """`name` as MLflow accepts it: a variant such as `ulmfit+tfidf` logs as `ulmfit_plus_tfidf`."""
     return _METRIC_NAME_BAD.sub("_", name.replace("+", "_plus_"))
+
+
+def step_metrics_listener() -> Any:
+    """A `transfer.progress` listener that logs training progress as step metrics of this process's pipeline run:
+    `steps.<stage direction>.loss` and `.<unit>_per_s`, at each global step reported (every few seconds)."""
+    run_id, client = _pipeline_run_id, _client()
+
+    def listen(event: dict) -> None:
+        if run_id is None:
+            return
+        base = metric_key(f"steps.{event['name']}")
+        now = int(time.time() * 1000)
+        try:
+            client.log_batch(run_id, metrics=[
+                Metric(f"{base}.loss", float(event["loss"]), now, int(event["global_step"])),
+                Metric(f"{base}.{event['unit']}_per_s", float(event["rate"]), now, int(event["global_step"]))])
+        except Exception:  # noqa: BLE001  progress is best effort: a busy database must not stop training
+            pass
+    return listen
 
 
 def tracking_uri() -> str:

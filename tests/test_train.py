@@ -314,3 +314,19 @@ def test_warm_up_floor_delays_the_peak_lr():
         lrs = [r["lr"] for r in log]
         peaks[floor] = lrs.index(max(lrs))
     assert peaks[0] == math.floor(n * LM_HP.cut_frac) and peaks[20] == 20, (n, peaks)
+
+
+def test_progress_lines_when_not_a_terminal(capfd, monkeypatch):
+    from transfer import progress
+
+    monkeypatch.setenv("TRANSFER_PROGRESS_SECONDS", "0")  # a line at every step
+    events = []
+    loader = LMLoader(markov_stream(4_000), 8, 20, variable=False)
+    with progress.subscribe(events.append):
+        pretrain_lm(small_lm(), loader, None, replace(LM_HP, epochs=1), desc="pretrain bwd")
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("pretrain bwd epoch 1/1: step")]
+    n = len(loader.seq_lens(0))
+    assert len(lines) == n and len(events) == n
+    assert lines[-1].startswith(f"pretrain bwd epoch 1/1: step {n}/{n} (100%), loss ")
+    assert " tok/s, ETA " in lines[0] and "\r" not in lines[0]  # plain lines, no bar
+    assert [e["global_step"] for e in events] == list(range(1, n + 1)) and events[0]["name"] == "pretrain bwd"

@@ -217,7 +217,8 @@ def _lm_stage(stage: str, p: Params, paths: Paths, hp, stream: np.ndarray, valid
         backwards = direction == "bwd"
         train = LMLoader(stream[:cut], hp.bs, hp.bptt, backwards=backwards, seed=hp.seed, max_tokens=hp.max_tokens)
         valid = LMLoader(stream[cut:], hp.bs, hp.bptt, backwards=backwards, variable=False)
-        history = run(model, train, valid, hp, ckpt_path=paths.art(stage, f"checkpoint-{direction}.pt"),
+        history = run(model, train, valid, hp, desc=f"{stage} {direction}",
+                      ckpt_path=paths.art(stage, f"checkpoint-{direction}.pt"),
                       fingerprint=_fingerprint(stage, asdict(hp), _arch(p), data_id(direction), direction))
         _save_state(paths.art(stage, f"lm-{direction}.pt"), model.state_dict())
         rows += [dict(direction=direction, **r) for r in history]
@@ -340,6 +341,7 @@ def fit_classifier(p: Params, paths: Paths, direction: str, encoder_from: Path |
     """
     model, train, valid, data_id = _classifier_setup(p, paths, direction, encoder_from, pseudo)
     history = train_classifier(model, train, valid, p.classifier, ckpt_path=ckpt_path,
+                               desc=f"classifier {Path(ckpt_path).stem.removeprefix('checkpoint-')}",
                                fingerprint=_fingerprint("clas", asdict(p.classifier), _arch(p), data_id, direction),
                                step_log=step_log)
     return model, history
@@ -579,7 +581,7 @@ def evaluate(p: Params, paths: Paths = Paths()) -> dict:
         plot_confusion(best["confusion_matrix"], classes, paths.plot("confusion.png"), f"{champion} on test")
     metrics = dict(variants={v: {k: r[k] for k in ("accuracy", "error_rate", "macro_f1")} for v, r in results.items()},
                    details={v: r["full"] for v, r in results.items()}, champion_candidate=champion,
-                   chosen_on_validation=chosen,
+                   chosen_on_validation=chosen, seconds={v: r["seconds"] for v, r in results.items()},
                    test_digest=prep["test_digest"], n_test=len(y))
     write_json(paths.metrics("evaluate"), metrics)
     return metrics

@@ -28,6 +28,7 @@ from transfer.data import ClassificationLoader, LMLoader
 from transfer.errors import TransferError
 from transfer.io_utils import atomic_path
 from transfer.model import LanguageModel, TextClassifier, freeze_to, layer_groups
+from transfer.progress import EpochProgress
 from transfer.schedules import discriminative_lrs, lr_at
 
 __all__ = [
@@ -227,8 +228,9 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
             if pos["step_in_epoch"] == 0 and hasattr(model, "reset"):
                 model.reset()  # LM state does not flow across epochs
             n_steps = steps_in_epoch(epoch)
-            bar = tqdm(total=n_steps, initial=pos["step_in_epoch"], disable=None if progress else True, leave=False,
-                       desc=f"{desc} phase {pos['phase'] + 1}/{len(phases)} epoch {epoch + 1}")
+            where = f"phase {pos['phase'] + 1}/{len(phases)} " if len(phases) > 1 else ""
+            bar = EpochProgress(f"{desc} {where}epoch {epoch + 1}/{total_epochs}", n_steps, pos["step_in_epoch"],
+                                unit, enabled=progress, name=desc)
             if pos["step_in_epoch"] == 0:
                 acc = dict(new_epoch)
             t0 = time.perf_counter()
@@ -245,7 +247,6 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
                     loss_value = loss.item()
                     if guard.diverged(loss_value):
                         acc = guard.rewind(model, opt, pos, steps, desc, loss_value)
-                        bar.n = pos["step_in_epoch"]
                         rewound = True
                         break
                     for g, lr in zip(opt.param_groups, lrs):
@@ -262,8 +263,7 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
                     pos["global_step"] += 1
                     guard.every_step(model, opt, pos, acc, len(steps))
                     rate = acc["items"] / max(acc["seconds"] + time.perf_counter() - t0, 1e-9)
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{acc['loss_sum'] / acc['loss_n']:.3f}", **{f"{unit}/s": f"{rate:,.0f}"})
+                    bar.update(pos["step_in_epoch"], pos["global_step"], acc["loss_sum"] / acc["loss_n"], rate)
                     if hp.checkpoint_every and pos["global_step"] % hp.checkpoint_every == 0:
                         checkpoint()
                     if stop_after_steps is not None and pos["global_step"] >= stop_after_steps:
@@ -279,7 +279,7 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
                 model.train()
             history.append(row)
             if progress:
-                tqdm.write(f"{desc} epoch {epoch + 1}: " + ", ".join(
+                tqdm.write(f"{desc} epoch {epoch + 1}/{total_epochs}: " + ", ".join(
                     f"{k}={v:.4g}" for k, v in row.items() if k not in ("phase", "epoch", "step")))
             steps_before += n_steps
             pos.update(epoch_in_phase=pos["epoch_in_phase"] + 1, step_in_epoch=0, global_epoch=epoch + 1)
@@ -423,17 +423,17 @@ def _fit_lm(model: LanguageModel, phases: list[Phase], train: LMLoader, valid: L
                validate, hp, unit="tok", **kw)
 
 
-def pretrain_lm(model: LanguageModel, train: LMLoader, valid: LMLoader | None, hp: TrainHP,
+def pretrain_lm(model: LanguageModel, train: LMLoader, valid: LMLoader | None, hp: TrainHP, desc: str = "pretrain",
                 **kw) -> list[dict[str, float]]:
     """Train every layer for `hp.epochs` epochs; history rows hold valid_ppl when `valid` is given."""
-    return _fit_lm(model, [Phase(0, hp.epochs)], train, valid, hp, desc="pretrain", **kw)
+    return _fit_lm(model, [Phase(0, hp.epochs)], train, valid, hp, desc=desc, **kw)
 
 
 def finetune_lm(model: LanguageModel, train: LMLoader, valid: LMLoader | None, hp: TrainHP,
-                **kw) -> list[dict[str, float]]:
+                desc: str = "finetune_lm", **kw) -> list[dict[str, float]]:
     """`hp.freeze_epochs` with only embedding + decoder trainable, then `hp.epochs` with everything."""
     phases = [Phase(-1, hp.freeze_epochs)] if getattr(hp, "freeze_epochs", 0) else []
-    return _fit_lm(model, phases + [Phase(0, hp.epochs)], train, valid, hp, desc="finetune_lm", **kw)
+    return _fit_lm(model, phases + [Phase(0, hp.epochs)], train, valid, hp, desc=desc, **kw)
 
 
 # --- classifier -------------------------------------------------------------------------------------
@@ -545,8 +545,9 @@ def train_classifier(model: TextClassifier, train: ClassificationLoader, valid: 
         recalibrate_batchnorm(m, stats_loader, hp.precision)
         return validate_on(m) if validate_on is not None else {}
 
+    kw.setdefault("desc", "classifier")
     return fit(model, phases, train.batches, lambda e: len(train), _clas_step, validate, hp,
-               monitor=("valid_loss", "min"), desc="classifier", unit="doc", **kw)
+               monitor=("valid_loss", "min"), unit="doc", **kw)
 
 
 # --- LR finder --------------------------------------------------------------------------------------

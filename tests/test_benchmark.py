@@ -1,0 +1,112 @@
+"""`transfer benchmark`: one general LM for every dataset, a row per cell and variant, and --resume."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from tests.conftest import make_workspace
+from transfer.benchmark import load_suite, markdown_table
+from transfer.errors import TransferError
+
+pytestmark = pytest.mark.slow
+TRANSFER = str(Path(sys.executable).with_name("transfer"))
+
+SUITE = """\
+params: params.yaml
+budgets: [40, all]
+seeds: [0]
+overrides: ["model.directions=[fwd]", "evaluate.variants=[tfidf,ulmfit_fwd,ulmfit+tfidf]"]
+datasets:
+  - name: demo
+    train: data/demo/train.csv
+    test: data/demo/test.csv
+  - name: demo_held_out      # the same rows, its test split held out of train
+    train: data/demo/train.csv
+"""
+
+
+def _run(ws: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{ws / 'mlflow.db'}")
+    return subprocess.run([TRANSFER, "benchmark", "--suite", "suite.yaml", "--out", "out", *args], cwd=ws,
+                          capture_output=True, text=True, env=env, timeout=900)
+
+
+def test_a_suite_shares_one_general_lm_and_resumes(tmp_path):
+    ws = make_workspace(tmp_path / "ws")
+    (ws / "suite.yaml").write_text(SUITE)
+    first = _run(ws)
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = ws / "out"
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {"dataset", "budget", "seed", "variant", "error", "accuracy", "macro_f1", "seconds"} <= set(rows[0])
+    cells = {(r["dataset"], r["budget"], r["seed"]) for r in rows}
+    assert cells == {(d, b, "0") for d in ("demo", "demo_held_out") for b in ("40", "all")}
+    assert len(rows) == 4 * 3  # every cell scores every variant
+    for r in rows:
+        assert float(r["error"]) == pytest.approx(1 - float(r["accuracy"]))
+        assert 0 <= float(r["macro_f1"]) <= 1 and float(r["seconds"]) > 0
+    assert {r["n_labels"] for r in rows if r["budget"] == "40"} == {"40"}
+    assert all(r["chosen"] in ("average", "ulmfit", "tfidf") for r in rows if r["variant"] == "ulmfit+tfidf")
+
+    # one general LM, built once; every dataset and cell links it, and a dataset's cells share its domain LM
+    general = out / "general" / "artifacts" / "pretrain" / "lm-fwd.pt"
+    for d in ("demo", "demo_held_out"):
+        ds = out / "work" / d
+        assert (ds / "artifacts" / "pretrain").is_symlink()
+        assert (ds / "artifacts" / "pretrain" / "lm-fwd.pt").resolve() == general.resolve()
+        for cell in ("40-s0", "all-s0"):
+            lm = ds / "cells" / cell / "artifacts" / "finetune_lm"
+            assert lm.is_symlink() and lm.resolve() == (ds / "artifacts" / "finetune_lm").resolve()
+            assert not list((ds / "cells" / cell / "artifacts" / "train_classifier").glob("checkpoint-*"))
+    table = (out / "results.md").read_text()
+    assert "| demo | 40 | 1 |" in table and "| demo_held_out | all | 1 |" in table
+    assert (out / "demo.png").stat().st_size > 0 and (out / "demo_held_out.png").stat().st_size > 0
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{ws / 'mlflow.db'}")
+    parent = client.search_runs(client.get_experiment_by_name("transfer").experiment_id,
+                                "tags.experiment = 'benchmark'")
+    assert len(parent) == 1
+    nested = client.search_runs(parent[0].info.experiment_id,
+                                f"tags.mlflow.parentRunId = '{parent[0].info.run_id}'")
+    assert sorted(r.info.run_name for r in nested) == ["demo-40-s0", "demo-all-s0", "demo_held_out-40-s0",
+                                                       "demo_held_out-all-s0"]
+
+    # --resume keeps every cell: nothing trains again, the rows are the same
+    stamp = (out / "work" / "demo" / "cells" / "40-s0" / "metrics" / "evaluate.json").stat().st_mtime_ns
+    again = _run(ws, "--resume")
+    assert again.returncode == 0, again.stderr[-3000:]
+    with open(out / "results.csv", newline="") as f:
+        assert list(csv.DictReader(f)) == rows
+    assert (out / "work" / "demo" / "cells" / "40-s0" / "metrics" / "evaluate.json").stat().st_mtime_ns == stamp
+
+
+def test_suite_errors_name_the_file_and_key(tmp_path):
+    bad = tmp_path / "suite.yaml"
+    bad.write_text(SUITE.replace("seeds: [0]", "seeds: [0]\nbudget: [10]"))
+    with pytest.raises(TransferError, match=r"suite.yaml: unknown key 'suite.budget'"):
+        load_suite(bad)
+    bad.write_text(SUITE.replace("name: demo_held_out", "name: demo"))
+    with pytest.raises(TransferError, match="dataset 'demo' is listed twice"):
+        load_suite(bad)
+    bad.write_text(SUITE.replace("budgets: [40, all]", "budgets: [40, most]"))
+    with pytest.raises(TransferError, match="label budget 'most'"):
+        load_suite(bad)
+    bad.write_text(SUITE.replace("  - name: demo\n", "  - name: demo\n    label: y\n"))
+    with pytest.raises(TransferError, match=r"unknown key 'datasets\[0\].label'"):
+        load_suite(bad)
+
+
+def test_markdown_table_bolds_the_best_ulmfit_mean():
+    rows = [dict(dataset="a", budget=b, seed=s, variant=v, error=e) for b, s, v, e in [
+        ("100", 0, "tfidf", 0.30), ("100", 1, "tfidf", 0.34), ("100", 0, "ulmfit_fwd", 0.20),
+        ("100", 1, "ulmfit_fwd", 0.24), ("100", 0, "ulmfit_bwd", 0.25), ("100", 1, "ulmfit_bwd", 0.27)]]
+    table = markdown_table(rows)
+    assert "| a | 100 | 2 | 32.0 [30.0, 34.0] | 26.0 [25.0, 27.0] | **22.0 [20.0, 24.0]** |" in table
