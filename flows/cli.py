@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -42,11 +43,36 @@ def run(params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
         promote: bool = typer.Option(True, help="Register the classifier and apply the champion gate."),
         lock_timeout: float = typer.Option(0, help="Seconds to wait for another run in this workspace (0: refuse).")) -> None:
     """Run the whole pipeline as a Prefect flow (cached stages are skipped), then print a summary."""
+    from transfer.config import load_params
+
+    load_params(params, set_ or [])  # bad params fail in a line, before a Prefect server starts
     from flows.ulmfit import run_pipeline
 
+    quiet_prefect_errors()
     with workspace_lock(lock_timeout):
         summary = run_pipeline(str(params), set_ or [], ".", promote)
     _print_summary(summary)
+
+
+class _HideTransferErrors(logging.Filter):
+    """Drops Prefect's log records about a TransferError (its tracebacks, its Failed states): the CLI prints the
+    error once, as one line. `--debug` keeps them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, TransferError) or "TransferError" in record.getMessage())
+
+
+def quiet_prefect_errors() -> None:
+    """Install `_HideTransferErrors` on the handlers Prefect logs to (unless --debug)."""
+    if DEBUG["on"]:
+        return
+    import prefect  # noqa: F401  configures Prefect's logging handlers
+
+    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
+        for handler in logging.getLogger(name).handlers:
+            if not any(isinstance(f, _HideTransferErrors) for f in handler.filters):
+                handler.addFilter(_HideTransferErrors())
 
 
 @contextlib.contextmanager
@@ -202,7 +228,8 @@ def promote(version: str = typer.Argument(..., help="Registered model version to
     metrics = {k.removeprefix("metrics."): float(v) for k, v in mv.tags.items() if k.startswith("metrics.")}
     if not metrics and mv.run_id:
         metrics = client.get_run(mv.run_id).data.metrics
-    d = gate(p.model_name, version, metrics, p.metric, p.min_delta, p.min_accuracy, client=client)
+    d = gate(p.model_name, version, metrics, p.metric, p.min_delta, p.min_accuracy, client=client,
+             min_delta_over_baseline=p.min_delta_over_baseline)  # baseline and chance: the version's tags
     typer.echo(f"version {version}: {'promoted to champion' if d.promoted else 'not promoted'} — {d.reason}")
 
 
@@ -334,6 +361,7 @@ def sample_efficiency(budgets: str = typer.Option("100,200,500,1000,all", help="
     """Test error vs labelled examples for every evaluate.variants entry: CSV + PNG in plots/, logged to MLflow."""
     from flows.experiments import run_sample_efficiency
 
+    quiet_prefect_errors()
     with workspace_lock(lock_timeout):  # it reruns the workspace's stages: a concurrent run would mix their outputs
         rows = run_sample_efficiency(budgets.split(","), [int(x) for x in seeds.split(",")], str(params),
                                      set_ or [], resume=resume)
@@ -374,6 +402,7 @@ def benchmark(suite: Path = typer.Option(..., "--suite", help="Suite file: base 
     from flows.benchmark import run_benchmark
     from transfer.benchmark import check_budget
 
+    quiet_prefect_errors()
     budget_list = [check_budget(b.strip()) for b in budgets.split(",")] if budgets else None
     try:
         seed_list = [int(s) for s in seeds.split(",")] if seeds else None

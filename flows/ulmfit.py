@@ -8,7 +8,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from tasks.cache import cache_dir
-from tasks.pipeline import RETRIES, log_stage, promote_task, register_classifier, stage_task
+from tasks.pipeline import RETRIES, log_stage, promote_task, register_classifier, stage_task, transient_only
 from tasks.tracking import ensure_experiment, start_pipeline_run
 from transfer.config import Params, load_params
 from transfer.demo import make_demo
@@ -91,7 +91,8 @@ def run_stage_tasks(p: Params, paths: Paths, log_to_mlflow: bool = True) -> tupl
     results, states = {}, {}
     for stage in STAGES:
         t0 = time.perf_counter()
-        task = stage_task.with_options(name=stage, task_run_name=stage, retries=RETRIES[stage], retry_delay_seconds=5)
+        task = stage_task.with_options(name=stage, task_run_name=stage, retries=RETRIES[stage], retry_delay_seconds=5,
+                                       retry_condition_fn=transient_only)
         state = task(stage, stage_params(p, stage), _content_inputs(p, stage, paths), p, paths.root,
                      return_state=True)
         result = state.result()

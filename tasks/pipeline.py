@@ -17,9 +17,10 @@ from tasks.registry import Decision, promote
 from tasks.tracking import log_figure_png, log_metrics_history, metric_key, stage_run, step_metrics_listener
 from transfer import progress
 from transfer.config import Params, flatten
+from transfer.errors import TransferError
 from transfer.stages import Paths, run_stage, stage_inputs, stage_outputs, stage_params
 
-__all__ = ["stage_task", "log_stage", "register_classifier", "promote_task", "RETRIES"]
+__all__ = ["stage_task", "log_stage", "register_classifier", "promote_task", "RETRIES", "transient_only"]
 
 # reading user files and SQLite can fail for a moment (network mounts, a locked db); training resumes from
 # its last checkpoint, so one retry of a training stage costs at most `checkpoint_every` steps
@@ -31,6 +32,18 @@ PLOTS = {
 }
 HISTORY = {"pretrain": "pretrain_history.csv", "finetune_lm": "finetune_lm_history.csv",
            "train_classifier": "classifier_history.csv"}
+
+
+def transient_only(task, task_run, state) -> bool:
+    """Prefect's retry condition: retry I/O and database hiccups, never a TransferError (bad data, params, a
+    missing file), which fails the same way every time."""
+    try:
+        state.result()
+    except TransferError:
+        return False
+    except Exception:  # noqa: BLE001  anything else may be transient
+        return True
+    return True
 
 
 # hashed into every key: a fix in code a stage can run reruns the stages; an edit of `transfer/status.py` does not
@@ -91,7 +104,7 @@ def _scalar_metrics(stage: str, metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if k not in ("classes", "test_digest")}
 
 
-@task(retries=3, retry_delay_seconds=2)
+@task(retries=3, retry_delay_seconds=2, retry_condition_fn=transient_only)
 def register_classifier(params: Params, evaluation: dict, root: Path) -> tuple[str, str]:
     """Log the bundle as a raw-text pyfunc model in its own nested run and register a new version."""
     from mlflow.models import infer_signature
@@ -124,9 +137,10 @@ def _pip_requirements() -> list[str]:
     return [f"{pkg}=={version(pkg)}" for pkg in ("torch", "sentencepiece", "numpy", "pandas", "mlflow")]
 
 
-@task(retries=3, retry_delay_seconds=2)
+@task(retries=3, retry_delay_seconds=2, retry_condition_fn=transient_only)
 def promote_task(params: Params, version: str, evaluation: dict) -> Decision:
     r = params.registry
     metrics = evaluation["variants"][evaluation["champion_candidate"]]
     return promote(r.model_name, version, metrics, r.metric, r.min_delta, r.min_accuracy,
-                   test_digest=evaluation["test_digest"])
+                   test_digest=evaluation["test_digest"], baseline_metrics=evaluation["variants"].get("tfidf"),
+                   min_delta_over_baseline=r.min_delta_over_baseline, chance_metrics=evaluation.get("chance"))

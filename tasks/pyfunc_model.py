@@ -46,7 +46,7 @@ class TransferClassifier(mlflow.pyfunc.PythonModel):
 
         self.predictor = Predictor.from_dir(Path(context.artifacts["bundle"]))
 
-    def predict(self, context, model_input, params=None) -> pd.DataFrame:
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         proba = self.predictor.predict_proba(_texts(model_input))
         classes = self.predictor.classes
         out = pd.DataFrame(proba, columns=[f"prob_{c}" for c in classes])

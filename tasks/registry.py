@@ -1,7 +1,8 @@
 """Promotion gate: a new model version becomes `champion` only if it beats the champion on the same test data.
 
 Every candidate version gets the alias `challenger`. It also takes `champion` when its metric reaches
-`min_accuracy` and either there is no champion or it scores at least the champion's metric + `min_delta`
+`min_accuracy`, beats chance (the most frequent class) and the tfidf baseline of the same run (by
+`min_delta_over_baseline`), and either there is no champion or it scores at least the champion's metric + `min_delta`
 on the same test set (equal `test_digest` version tags). Scores on different test sets are not compared:
 such a candidate is refused while a champion exists. An MLflow alias names one version at a time, so
 moving `champion` demotes the previous holder in the same call.
@@ -59,9 +60,17 @@ def _judge(
     metric: str,
     min_delta: float,
     min_accuracy: float,
+    baseline: float | None = None,
+    min_delta_over_baseline: float = 0.0,
+    chance: float | None = None,
 ) -> tuple[bool, str]:
     if value < min_accuracy:
         return False, f"{metric} {value:.4f} is below min_accuracy {min_accuracy:.4f}"
+    if chance is not None and value <= chance + _EPS:
+        return False, f"{metric} {value:.4f} is at chance (always the most frequent class: {chance:.4f})"
+    if baseline is not None and value - baseline < min_delta_over_baseline - _EPS:
+        return False, (f"{metric} {value:.4f} < the tfidf baseline's {baseline:.4f} of the same run "
+                       f"+ min_delta_over_baseline {min_delta_over_baseline:.4f}")
     if champion is None:
         return True, f"no champion yet; {metric} {value:.4f} reaches min_accuracy {min_accuracy:.4f}"
     if str(champion.version) == version:  # ModelVersion.version is an int in MLflow 3.x
@@ -90,11 +99,17 @@ def promote(
     min_accuracy: float = 0.0,
     test_digest: str | None = None,
     client: MlflowClient | None = None,
+    baseline_metrics: Mapping[str, float] | None = None,
+    min_delta_over_baseline: float = 0.0,
+    chance_metrics: Mapping[str, float] | None = None,
 ) -> Decision:
     """Alias `version` challenger, make it champion if it passes the gate, and tag it with the decision.
 
     test_digest: sha256 of the test data the metrics come from (stored as the `test_digest` version tag;
         None: use the tag already on the version). `min_accuracy` is a floor on `metric`, whatever it is.
+    baseline_metrics: the tfidf baseline's test metrics from the same run; the candidate must reach its
+        `metric` + `min_delta_over_baseline`. chance_metrics: the most-frequent-class predictor's; the candidate
+        must beat it. Both are stored as `baseline.<key>` / `chance.<key>` tags (None: read those tags).
     """
     if metric not in candidate_metrics:
         known = ", ".join(sorted(candidate_metrics)) or "none"
@@ -105,13 +120,22 @@ def promote(
     if test_digest is not None:
         client.set_model_version_tag(model_name, version, "test_digest", test_digest)
     digest = test_digest or candidate.tags.get("test_digest")
-    for key, value in candidate_metrics.items():
-        client.set_model_version_tag(model_name, version, f"metrics.{key}", repr(float(value)))
+    for prefix, values in (("metrics", candidate_metrics), ("baseline", baseline_metrics or {}),
+                           ("chance", chance_metrics or {})):
+        for key, value in values.items():
+            client.set_model_version_tag(model_name, version, f"{prefix}.{key}", repr(float(value)))
     client.set_registered_model_alias(model_name, CHALLENGER, version)
+
+    def recorded(prefix: str, given: Mapping[str, float] | None) -> float | None:
+        if given is not None:
+            return float(given[metric]) if metric in given else None
+        tag = client.get_model_version(model_name, version).tags.get(f"{prefix}.{metric}")
+        return None if tag is None else float(tag)
 
     champion = alias_version(client, model_name, CHAMPION)
     promoted, reason = _judge(
-        client, version, float(candidate_metrics[metric]), digest, champion, metric, min_delta, min_accuracy
+        client, version, float(candidate_metrics[metric]), digest, champion, metric, min_delta, min_accuracy,
+        recorded("baseline", baseline_metrics), min_delta_over_baseline, recorded("chance", chance_metrics),
     )
     if promoted:
         client.set_registered_model_alias(model_name, CHAMPION, version)

@@ -110,3 +110,26 @@ def test_metrics_from_different_test_data_are_not_compared(register, request):
 def test_a_metric_the_candidate_lacks_is_a_user_error(register, request):
     with pytest.raises(TransferError, match="'f1' is not among"):
         promote(request.node.name, register(), {"accuracy": 0.9}, metric="f1")
+
+
+def test_a_candidate_below_the_tfidf_baseline_or_at_chance_is_refused_and_says_why(register, request):
+    name = request.node.name
+    v1, v2, v3 = register(), register(), register()
+    below = promote(name, v1, {"accuracy": 0.30}, test_digest=TEST_SET, baseline_metrics={"accuracy": 0.82},
+                    chance_metrics={"accuracy": 0.25})
+    assert not below.promoted and below.champion_version is None
+    assert "< the tfidf baseline's 0.8200" in below.reason
+    client = MlflowClient(tracking_uri())
+    tags = client.get_model_version(name, v1).tags
+    assert tags["promotion_decision"] == "rejected" and "tfidf baseline" in tags["promotion_reason"]
+    assert float(tags["baseline.accuracy"]) == 0.82 and float(tags["chance.accuracy"]) == 0.25
+
+    at_chance = promote(name, v2, {"accuracy": 0.25}, test_digest=TEST_SET, chance_metrics={"accuracy": 0.25})
+    assert not at_chance.promoted and "at chance" in at_chance.reason
+
+    # above both, and by the margin asked for: champion; the same check re-run by hand reads the tags
+    ok = promote(name, v3, {"accuracy": 0.86}, test_digest=TEST_SET, baseline_metrics={"accuracy": 0.82},
+                 min_delta_over_baseline=0.03, chance_metrics={"accuracy": 0.25})
+    assert ok.promoted and champions(name) == [v3]
+    again = promote(name, v1, {"accuracy": 0.30}, test_digest=TEST_SET)  # `transfer promote 1`: tags only
+    assert not again.promoted and "tfidf baseline" in again.reason

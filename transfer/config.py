@@ -295,12 +295,17 @@ class RegistryParams:
     metric: str = "accuracy"  # test metric that decides promotion
     min_delta: float = 0.0  # a candidate must reach the current champion + this (ties promote at 0)
     min_accuracy: float = 0.0  # and reach at least this test accuracy
+    min_delta_over_baseline: float = 0.0  # and beat the same run's tfidf baseline by this much (and chance)
 
     def __post_init__(self) -> None:
         _require(self.model_name.strip() != "", "model_name", "must not be empty")
         _require(self.metric.strip() != "", "metric", "must not be empty")
         _at_least(self.min_delta, "min_delta", 0)
         _require(0 <= self.min_accuracy <= 1, "min_accuracy", f"must be in [0, 1], got {self.min_accuracy!r}")
+        _require(-1 <= self.min_delta_over_baseline <= 1, "min_delta_over_baseline",
+                 f"must be in [-1, 1], got {self.min_delta_over_baseline!r}")
+        _require(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", self.model_name) is not None, "model_name",
+                 f"must be letters, digits, '_', '.' or '-' (no path separators), got {self.model_name!r}")
 
 
 @dataclass(frozen=True)

@@ -579,7 +579,9 @@ def evaluate(p: Params, paths: Paths = Paths()) -> dict:
         write_csv(paths.plot("confusion.csv"), [dict(actual=classes[a], predicted=classes[b])
                                                   for a, b in zip(y, probs[champion].argmax(1))])
         plot_confusion(best["confusion_matrix"], classes, paths.plot("confusion.png"), f"{champion} on test")
+    majority = classification_metrics(y, np.full_like(y, np.bincount(y, minlength=len(classes)).argmax()), classes)
     metrics = dict(variants={v: {k: r[k] for k in ("accuracy", "error_rate", "macro_f1")} for v, r in results.items()},
+                   chance={k: majority[k] for k in ("accuracy", "error_rate", "macro_f1")},
                    details={v: r["full"] for v, r in results.items()}, champion_candidate=champion,
                    chosen_on_validation=chosen, seconds={v: r["seconds"] for v, r in results.items()},
                    test_digest=prep["test_digest"], n_test=len(y))
