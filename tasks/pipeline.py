@@ -94,7 +94,7 @@ def log_stage(stage: str, params: Params, result: dict, cached: bool, root: Path
         if stage == "tokenize":
             mlflow.log_artifact(str(paths.art("tokenize", "spm.model")), artifact_path="tokenizer")
         if stage == "evaluate":
-            mlflow.log_artifact(str(paths.metrics("evaluate")))
+            mlflow.log_artifact(str(paths.art("evaluate", "report.json")))
         return run.info.run_id
 
 

@@ -49,7 +49,7 @@ def _run(ws: Path, kill_after: float | None = None) -> int | None:
 
 
 def _variants(ws: Path) -> dict:
-    return json.loads((ws / "metrics" / "evaluate.json").read_text())["variants"]
+    return json.loads((ws / "artifacts" / "evaluate" / "report.json").read_text())["variants"]
 
 
 def test_runs_killed_at_random_moments_resume_to_the_uninterrupted_result(tmp_path):

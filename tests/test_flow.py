@@ -46,7 +46,7 @@ def test_first_run_completes_every_stage_and_registers_a_champion(first_run):
     assert states(summary) == {s: "Completed" for s in STAGES}
     assert summary["run_name"].startswith("train-awd16x32-v200-fwd+bwd")
     evaluation = json.loads((ws / "metrics" / "evaluate.json").read_text())
-    assert set(evaluation["variants"]) == {"tfidf", "ulmfit_fwd", "ulmfit_bwd", "ulmfit_ensemble", "ulmfit+tfidf"}
+    assert set(evaluation) == {"tfidf", "ulmfit_fwd", "ulmfit_bwd", "ulmfit_ensemble", "ulmfit+tfidf"}
     assert summary["promotion"]["promoted"] and summary["registered_version"] == "1"
     client = MlflowClient(tracking_uri=f"sqlite:///{ws / 'mlflow.db'}")
     assert client.get_registered_model("transfer-classifier").aliases["champion"] == 1

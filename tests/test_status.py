@@ -116,7 +116,7 @@ def test_status_cli_tells_training_progress_and_whether_a_process_holds_the_lock
     shutil.copy(tmp_path / "done.pt", ws / "artifacts" / "train_classifier" / "checkpoint-fwd-round2.pt")
     os.utime(ws / "artifacts" / "train_classifier" / "checkpoint-fwd-round2.pt", (1, 1))
     # The previous sweep cell's evaluation, and a sweep in its fifth cell of six
-    (ws / "metrics" / "evaluate.json").write_text(json.dumps({"variants": {"tfidf": {"error_rate": 0.125}}}))
+    (ws / "metrics" / "evaluate.json").write_text(json.dumps({"tfidf": 0.875}))
     (ws / "metrics" / "sample_efficiency_progress.json").write_text(json.dumps(dict(
         cells=[["100", s] for s in (0, 1, 2)] + [["500", s] for s in (0, 1, 2)], kept=[["100", 0]],
         done=[dict(budget=b, seed=s, seconds=600.0) for b, s in (("100", 1), ("100", 2), ("500", 0))],

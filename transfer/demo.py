@@ -191,8 +191,11 @@ def make_demo(
 
     docs = []
     for _ in range(n_general_docs):
-        topic = rng.choice([None, None, *labels])  # a third of the corpus has no topic at all
-        docs.append(_Writer(rng, topic, 0.25).document(rng.randint(3, 9)))
+        # a document is 1-3 runs of sentences on one topic (or none), as an article moves between subjects: to
+        # predict the next word an LM must track the current topic, which is what the classifier then reads
+        runs = [_Writer(rng, rng.choice([None, *labels]), rng.uniform(0.5, 0.9)).document(rng.randint(2, 4))
+                for _ in range(rng.randint(1, 3))]
+        docs.append(" ".join(runs))
 
     rows = []
     for _ in range(n_labelled):

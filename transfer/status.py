@@ -56,7 +56,7 @@ def _summary(stage: str, m: dict) -> str:
         return ", ".join(f"{d} valid acc {r['valid_accuracy']:.3f}"
                          for d, r in m.items() if isinstance(r, dict) and "valid_accuracy" in r)
     if stage == "evaluate":
-        return ", ".join(f"{v} {100 * r['error_rate']:.2f}%" for v, r in m["variants"].items()) + " test error"
+        return ", ".join(f"{v} {100 * (1 - acc):.2f}%" for v, acc in m.items()) + " test error"
     return ""
 
 
