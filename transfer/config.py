@@ -94,6 +94,7 @@ class DataParams:
     test_frac: float = 0.2
     seed: int = 0  # split seed
     label_seed: int = 0  # which rows a max_train_labels subsample keeps (varied by the sample-efficiency runs)
+    rules: bool = False  # resolve the classifier settings that depend on the data at `prepare` (transfer/rules.py)
 
     def __post_init__(self) -> None:
         _require(len(self.general) > 0, "general", "must name at least one file, folder or glob")
@@ -247,6 +248,7 @@ class ClassifierParams(TrainParams):
     # rows) or "probe" (logistic regression on the frozen domain LMs' features, self-trained; no round-0 fine-tune)
     probe_c: float = 0.003  # the probe's inverse L2 strength, on standardised features
     members: int = 1  # classifiers per direction, member i seeded seed + 1000 * i; the ulmfit variants average them
+    class_weights: bool = False  # weight the loss by inverse class frequency (imbalanced classes)
 
     def __post_init__(self) -> None:
         super().__post_init__()

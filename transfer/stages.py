@@ -29,6 +29,7 @@ from transfer.io_utils import atomic_path, file_digest, write_csv, write_json
 from transfer.model import LanguageModel, TextClassifier, classifier_config, lm_config
 from transfer.plots import plot_confusion, plot_history, plot_lr_find, plot_lr_schedule
 from transfer.pseudo import probe_teacher, select_pseudo_labels
+from transfer import rules
 from transfer.readers import iter_text_documents, read_table
 from transfer.tokenizer import PAD_ID, Tokenizer, train_tokenizer
 from transfer.train import (
@@ -154,6 +155,9 @@ def prepare(p: Params, paths: Paths = Paths()) -> dict:
     metrics = dict(classes=classes, n_train=len(labelled), n_train_unlabelled=len(train) - len(labelled),
                    n_valid=len(valid), n_test=len(test), domain_include_test=d.domain_include_test,
                    test_digest=file_digest(out / "test.csv"))
+    if d.rules:  # the classifier settings that depend on the data, with their reasons
+        metrics["data_stats"] = rules.data_stats(list(labelled["text"]), list(labelled["label"]), len(unlabelled))
+        metrics["rules"] = rules.resolve(metrics["data_stats"], p)
     write_json(paths.metrics("prepare"), metrics)
     return metrics
 
@@ -360,6 +364,7 @@ def lr_find_classifier(p: Params, paths: Paths = Paths(), direction: str = "fwd"
         if not need.exists():
             raise TransferError(f"{need}: missing; run the stages up to finetune_lm first (`transfer run`, or "
                                 f"`transfer stage prepare|tokenize|pretrain|finetune_lm`)")
+    p = rules.apply(p, json.loads(paths.metrics("prepare").read_text()))
     model, train, _, _ = _classifier_setup(p, paths, direction, lm)
     results = classifier_lr_find(model, train, p.classifier, num_it=num_it)
     write_csv(paths.plot(f"lr_find_{direction}.csv"),
@@ -409,8 +414,10 @@ def classify(p: Params, paths: Paths = Paths()) -> dict:
     on only while the round's validation accuracy improves (the best round is kept), and the bundle's ensemble
     holds only the members that do not lower its validation accuracy (`select_members`).
     """
+    prepared = json.loads(paths.metrics("prepare").read_text())
+    p = rules.apply(p, prepared)
     hp = p.classifier
-    classes = json.loads(paths.metrics("prepare").read_text())["classes"]
+    classes = prepared["classes"]
     tok = Tokenizer.load(paths.art("tokenize", "spm.model"))
     unlabelled = list(pd.read_csv(paths.art("prepare", "unlabelled.csv"), dtype=str, keep_default_na=False)["text"])
     valid = pd.read_csv(paths.art("prepare", "valid.csv"), dtype=str, keep_default_na=False)
@@ -515,6 +522,7 @@ def evaluate(p: Params, paths: Paths = Paths()) -> dict:
     being more confident.
     """
     prep = json.loads(paths.metrics("prepare").read_text())
+    p = rules.apply(p, prep)  # the scratch and no_lm_tuning classifiers train as the ULMFiT ones do
     classes = prep["classes"]
     index = {c: i for i, c in enumerate(classes)}
     frames = {s: pd.read_csv(paths.art("prepare", f"{s}.csv"), dtype=str, keep_default_na=False)
@@ -609,9 +617,10 @@ def stage_params(p: Params, stage: str) -> dict:
                      "data": {k: s("data")[k] for k in ("lm_eval", "encoding", "general_doc_per")}},
         "finetune_lm": {"model": s("model"), "finetune_lm": s("finetune_lm")},
         "train_classifier": {"model": s("model"), "classifier": s("classifier"),
-                             "evaluate": {"batch_size": s("evaluate")["batch_size"]}},
+                             "evaluate": {"batch_size": s("evaluate")["batch_size"]},
+                             "data": {"rules": s("data")["rules"]}},
         "evaluate": {"model": s("model"), "classifier": s("classifier"), "evaluate": s("evaluate"),
-                     "data": {"seed": s("data")["seed"]}},
+                     "data": {"seed": s("data")["seed"], "rules": s("data")["rules"]}},
     }
     return sections[stage]
 

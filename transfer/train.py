@@ -463,11 +463,19 @@ def finetune_lm(model: LanguageModel, train: LMLoader, valid: LMLoader | None, h
 
 # --- classifier -------------------------------------------------------------------------------------
 
-def _clas_step(model: TextClassifier, batch: tuple) -> tuple[torch.Tensor, int, float]:
+def _clas_step(model: TextClassifier, batch: tuple, weight: torch.Tensor | None = None,
+               ) -> tuple[torch.Tensor, int, float]:
     x, lengths, y, _ = batch
     device = next(model.parameters()).device
     logits = model(x.to(device), lengths.to(device))
-    return F.cross_entropy(logits.float(), y.to(device)), len(y), 1.0
+    w = None if weight is None else weight.to(device)
+    return F.cross_entropy(logits.float(), y.to(device), weight=w), len(y), 1.0
+
+
+def class_weights(labels: np.ndarray, n_classes: int) -> torch.Tensor:
+    """Inverse class frequency, normalised so a balanced set gets weight 1 for every class."""
+    counts = np.bincount(labels.astype(np.int64), minlength=n_classes).astype(np.float64)
+    return torch.tensor(len(labels) / (n_classes * np.maximum(counts, 1)), dtype=torch.float32)
 
 
 @torch.no_grad()
@@ -571,7 +579,9 @@ def train_classifier(model: TextClassifier, train: ClassificationLoader, valid: 
         return validate_on(m) if validate_on is not None else {}
 
     kw.setdefault("desc", "classifier")
-    return fit(model, phases, train.batches, lambda e: len(train), _clas_step, validate, hp,
+    weight = class_weights(train.labels, model.n_classes) if getattr(hp, "class_weights", False) else None
+    step = functools.partial(_clas_step, weight=weight)
+    return fit(model, phases, train.batches, lambda e: len(train), step, validate, hp,
                monitor=("valid_loss", "min"), unit="doc", **kw)
 
 

@@ -1,0 +1,52 @@
+"""transfer.rules: the classifier settings that follow the data, resolved at prepare and applied after it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import torch
+
+from transfer.config import load_params
+from transfer.rules import apply, data_stats, resolve
+from transfer.stages import Paths, run_stage
+from transfer.train import class_weights
+
+
+def _stats(n: int, words: int, labels: list[str], unlabelled: int = 0) -> dict:
+    texts = [" ".join(["w"] * words)] * n
+    return data_stats(texts, (labels * n)[:n], unlabelled)
+
+
+def test_rules_follow_length_size_balance_and_unlabelled_texts(workspace):
+    p = load_params(workspace / "params.yaml", ["classifier.self_train_rounds=4", "classifier.bs=64", "classifier.bptt=70"])
+    short = resolve(_stats(100, 20, ["a", "b"]), p)
+    long = resolve(_stats(5000, 600, ["a", "b"], unlabelled=900), p)
+    assert short["classifier.max_len"]["value"] == 70  # one chunk covers a 26-token text
+    assert long["classifier.max_len"]["value"] == 840  # 780 tokens, in whole chunks of 70
+    assert resolve(_stats(100, 5000, ["a"]), p)["classifier.max_len"]["value"] == 1440  # capped
+    assert short["classifier.bs"]["value"] == 10 and long["classifier.bs"]["value"] == 32  # long texts halve it
+    assert short["classifier.self_train_rounds"]["value"] == 0 and long["classifier.self_train_rounds"]["value"] == 4
+    imbalanced = resolve(_stats(100, 20, ["a"] * 9 + ["b"]), p)
+    assert imbalanced["classifier.class_weights"]["value"] and not short["classifier.class_weights"]["value"]
+    assert "9.0" in imbalanced["classifier.class_weights"]["why"]
+
+
+def test_prepare_records_the_rules_and_the_classifier_stages_read_them(workspace):
+    p = load_params(workspace / "params.yaml", ["data.rules=true"])
+    paths = Paths(workspace)
+    run_stage("prepare", p, paths)
+    prepared = json.loads(paths.metrics("prepare").read_text())
+    train = pd.read_csv(paths.art("prepare", "train.csv"))
+    assert prepared["data_stats"]["n_labelled"] == len(train)
+    resolved = apply(p, prepared)
+    assert resolved.classifier.max_len == prepared["rules"]["classifier.max_len"]["value"] != p.classifier.max_len
+    assert resolved.classifier.min_steps_per_phase == 50
+    assert apply(p, {"classes": ["a"]}) == p  # data.rules off: nothing changes
+
+
+def test_class_weights_make_a_balanced_set_uniform():
+    assert torch.equal(class_weights(np.array([0, 1, 0, 1]), 2), torch.ones(2))
+    w = class_weights(np.array([0] * 9 + [1]), 2)
+    assert w[1] / w[0] == 9
