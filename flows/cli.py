@@ -229,7 +229,8 @@ def promote(version: str = typer.Argument(..., help="Registered model version to
     if not metrics and mv.run_id:
         metrics = client.get_run(mv.run_id).data.metrics
     d = gate(p.model_name, version, metrics, p.metric, p.min_delta, p.min_accuracy, client=client,
-             min_delta_over_baseline=p.min_delta_over_baseline)  # baseline and chance: the version's tags
+             min_delta_over_baseline=p.min_delta_over_baseline, require_above_chance=p.require_above_chance)
+    # the baseline and chance figures: the version's tags
     typer.echo(f"version {version}: {'promoted to champion' if d.promoted else 'not promoted'} — {d.reason}")
 
 

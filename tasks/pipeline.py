@@ -143,4 +143,5 @@ def promote_task(params: Params, version: str, evaluation: dict) -> Decision:
     metrics = evaluation["variants"][evaluation["champion_candidate"]]
     return promote(r.model_name, version, metrics, r.metric, r.min_delta, r.min_accuracy,
                    test_digest=evaluation["test_digest"], baseline_metrics=evaluation["variants"].get("tfidf"),
-                   min_delta_over_baseline=r.min_delta_over_baseline, chance_metrics=evaluation.get("chance"))
+                   min_delta_over_baseline=r.min_delta_over_baseline, chance_metrics=evaluation.get("chance"),
+                   require_above_chance=r.require_above_chance)

@@ -102,6 +102,7 @@ def promote(
     baseline_metrics: Mapping[str, float] | None = None,
     min_delta_over_baseline: float = 0.0,
     chance_metrics: Mapping[str, float] | None = None,
+    require_above_chance: bool = True,
 ) -> Decision:
     """Alias `version` challenger, make it champion if it passes the gate, and tag it with the decision.
 
@@ -135,7 +136,8 @@ def promote(
     champion = alias_version(client, model_name, CHAMPION)
     promoted, reason = _judge(
         client, version, float(candidate_metrics[metric]), digest, champion, metric, min_delta, min_accuracy,
-        recorded("baseline", baseline_metrics), min_delta_over_baseline, recorded("chance", chance_metrics),
+        recorded("baseline", baseline_metrics), min_delta_over_baseline,
+        recorded("chance", chance_metrics) if require_above_chance else None,
     )
     if promoted:
         client.set_registered_model_alias(model_name, CHAMPION, version)

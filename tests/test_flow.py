@@ -65,7 +65,7 @@ def test_an_unchanged_rerun_is_fully_cached(first_run):
 
 
 def test_a_classifier_param_reruns_only_the_classifier_and_evaluation(first_run):
-    summary = run_pipeline(overrides=["classifier.lr=0.02"], promote=False)
+    summary = run_pipeline(overrides=["classifier.lr=0.03"], promote=False)
     assert states(summary) == {**{s: "Cached" for s in STAGES[:4]},
                                "train_classifier": "Completed", "evaluate": "Completed"}
 

@@ -250,3 +250,14 @@ def test_any_bytes_give_documents_or_transfer_error(tmp_path: Path, content: byt
         assert str(e).startswith(str(path))
         return
     assert docs and all(isinstance(d, str) and d.strip() == d and d for d in docs)
+
+
+def test_a_utf16_file_read_as_utf8_is_told_what_its_bytes_look_like(tmp_path):
+    for name, data, want in [("bom.csv", "text,label\nhello,a\n".encode("utf-16"), "UTF-16 byte-order mark"),
+                             ("nobom.csv", "text,label\nhello,a\n".encode("utf-16-le"), "every other byte is NUL"),
+                             ("latin.csv", "text,label\ncaf\xe9,a\n".encode("latin-1"), "latin-1")]:
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(TransferError, match=want):
+            read_table(tmp_path / name, ["text"], "label")
+    (tmp_path / "right.csv").write_bytes("text,label\nhello,a\n".encode("utf-16-le"))
+    assert list(read_table(tmp_path / "right.csv", ["text"], "label", encoding="utf-16-le")["text"]) == ["hello"]

@@ -297,7 +297,8 @@ class RegistryParams:
     metric: str = "accuracy"  # test metric that decides promotion
     min_delta: float = 0.0  # a candidate must reach the current champion + this (ties promote at 0)
     min_accuracy: float = 0.0  # and reach at least this test accuracy
-    min_delta_over_baseline: float = 0.0  # and beat the same run's tfidf baseline by this much (and chance)
+    min_delta_over_baseline: float = 0.0  # and beat the same run's tfidf baseline by this much
+    require_above_chance: bool = True  # and beat always predicting the most frequent class
 
     def __post_init__(self) -> None:
         _require(self.model_name.strip() != "", "model_name", "must not be empty")
@@ -327,6 +328,10 @@ class MLflowParams:
 
     def __post_init__(self) -> None:
         _require(self.experiment.strip() != "", "experiment", "must not be empty")
+        uri = re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", self.artifact_location)  # s3://, gs://, file:// ...
+        inside = not Path(self.artifact_location).is_absolute() and ".." not in Path(self.artifact_location).parts
+        _require(bool(uri) or inside, "artifact_location",
+                 f"must be a folder inside the workspace or a URI (s3://...), got {self.artifact_location!r}")
 
 
 @dataclass(frozen=True)

@@ -137,9 +137,29 @@ def _lines(path: Path, codec: str, encoding: str) -> Iterator[str]:
         raise TransferError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
+def _encoding_hint(path: Path, codec: str) -> str:
+    """For a file read as UTF-8: what its first bytes look like (a UTF-16/32 byte-order mark, UTF-16 without
+    one), else the usual suspect, Latin-1. Other encodings: no hint."""
+    if codecs.lookup(codec).name not in ("utf-8", "utf-8-sig"):
+        return ""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return ""
+    boms = [(codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"),
+            (codecs.BOM_UTF16_BE, "utf-16")]
+    for bom, name in boms:
+        if head.startswith(bom):
+            return f"; the file starts with a {name.upper()} byte-order mark: try data.encoding: {name}"
+    if len(head) >= 4 and head.count(0) > len(head) // 4:  # ASCII text in UTF-16: every other byte is NUL
+        return "; every other byte is NUL, as in UTF-16 text: try data.encoding: utf-16-le (or utf-16-be)"
+    return "; try data.encoding: latin-1"
+
+
 def _decode_error(path: Path, codec: str, encoding: str) -> str:
     """Message naming the first line of `path` that `codec` cannot decode (the fast reader only knows a chunk)."""
-    hint = "; try data.encoding: latin-1" if codecs.lookup(codec).name in ("utf-8", "utf-8-sig") else ""
+    hint = _encoding_hint(path, codec)
     decoder = codecs.getincrementaldecoder(codec)()
     line = 1
     try:
@@ -268,6 +288,9 @@ def _data_row(i: int) -> str:
 def _read_delimited(path: Path, sep: str, encoding: str, header: bool) -> tuple[pd.DataFrame, Callable[[int], str]]:
     codec = _codec(encoding)
     kind = "CSV" if sep == "," else "TSV"
+    hint = _encoding_hint(path, codec)
+    if "NUL" in hint:  # UTF-16 bytes decode as (wrong) UTF-8 with NULs: say so before the columns look garbled
+        raise TransferError(f"{path}: not {encoding} text{hint}")
     try:
         # header=None: the header row is read as data, so duplicate names stay visible (pandas would rename them)
         raw = pd.read_csv(path, sep=sep, header=None, dtype=str, na_filter=False, encoding=codec,
