@@ -256,3 +256,17 @@ def test_columns_named_by_index_are_read_as_strings(tmp_path):
     path.write_text("data:\n  header: false\n  label_col: 0\n  text_cols: [1, 2]\n")
     p = load_params(path)
     assert p.data.label_col == "0" and p.data.text_cols == ["1", "2"]
+
+
+@pytest.mark.parametrize("override, ok", [
+    ("mlflow.artifact_location=/tmp/elsewhere", False), ("mlflow.artifact_location=../outside", False),
+    ("mlflow.artifact_location=s3://bucket/transfer", True), ("mlflow.artifact_location=runs/artifacts", True),
+    ("registry.model_name=../../x", False), ("registry.model_name=team.clf-v2", True),
+])
+def test_names_and_locations_from_params_stay_inside_the_workspace(override, ok):
+    if ok:
+        load_params(REPO / "params.yaml", [override])
+        return
+    key = override.split("=")[0]
+    with pytest.raises(TransferError, match=rf"override '{re.escape(override)}': {re.escape(key)} must be"):
+        load_params(REPO / "params.yaml", [override])
