@@ -253,7 +253,12 @@ def serve(model: str = typer.Option(None, "--model", "-m", help="Model URI; defa
 @app.command()
 def schedule(cron: str = typer.Option(None, help="Cron expression; default: schedule.cron from params."),
              params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt) -> None:
-    """Serve the flow as a deployment on that cron schedule (needs a Prefect server: PREFECT_API_URL)."""
+    """Serve the flow as a deployment on that cron schedule (needs a Prefect server: PREFECT_API_URL).
+
+    It runs in the foreground and serves until stopped (Ctrl-C). Keep it running as a service, e.g.
+    `nohup transfer schedule > schedule.log 2>&1 &`, or a systemd unit with
+    `ExecStart=/path/to/repo/.venv/bin/transfer schedule` and `WorkingDirectory=/path/to/repo`.
+    """
     from prefect.settings import get_current_settings
 
     # the environment or the active profile (`prefect config set PREFECT_API_URL=...`, as the server suggests)

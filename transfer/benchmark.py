@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from transfer.config import Params, _build_section, _check_key, _coerce, load_params
+from transfer.config import Params, _build_section, _check_key, _coerce, load_params, read_yaml
 from transfer.errors import TransferError
 
 __all__ = ["Dataset", "Suite", "load_suite", "cell_overrides", "cell_key", "markdown_table", "COLUMNS"]
@@ -81,12 +79,7 @@ def check_budget(budget: str) -> str:
 def load_suite(path: str | Path) -> Suite:
     """Read and validate a suite file; unknown keys fail naming the file and the key."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise TransferError(f"{path}: suite file not found") from None
-    except yaml.YAMLError as e:
-        raise TransferError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise TransferError(f"{path}: a suite is a mapping with params, datasets, budgets and seeds")
     raw = dict(raw)

@@ -41,6 +41,7 @@ __all__ = [
     "load_params",
     "dump_params",
     "flatten",
+    "read_yaml",
 ]
 
 VARIANTS = ("tfidf", "scratch", "no_lm_tuning", "ulmfit_fwd", "ulmfit_bwd", "ulmfit_ensemble", "ulmfit+tfidf")
@@ -369,12 +370,11 @@ class Params:
 # --------------------------------------------------------------------------- loading
 
 
-def load_params(path: str | Path = "params.yaml", overrides: Iterable[str] = ()) -> Params:
-    """Read params.yaml, apply `section.key=value` overrides (as `dvc exp run -S`), validate everything."""
-    path = Path(path)
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's content; a missing file or bad YAML is a TransferError naming the file (and line)."""
     where = str(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise TransferError(f"{where}: file not found") from None
     except yaml.MarkedYAMLError as e:
@@ -382,6 +382,13 @@ def load_params(path: str | Path = "params.yaml", overrides: Iterable[str] = ())
         raise TransferError(f"{where}{line}: not valid YAML ({e.problem})") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise TransferError(f"{where}: not valid YAML ({e})") from None
+
+
+def load_params(path: str | Path = "params.yaml", overrides: Iterable[str] = ()) -> Params:
+    """Read params.yaml, apply `section.key=value` overrides (as `dvc exp run -S`), validate everything."""
+    path = Path(path)
+    where = str(path)
+    raw = read_yaml(path)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
