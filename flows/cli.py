@@ -278,6 +278,8 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print the status 
 
     Reads metrics/ and the training checkpoints only; safe to run beside a running pipeline.
     """
+    from rich.markup import escape
+
     from transfer.status import describe_sweep, format_duration, sweep_progress, workspace_status
 
     stages = workspace_status(Path("."))
@@ -301,6 +303,9 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print the status 
         if earlier:
             lines.append(f"[dim]from the earlier run, replaced as this one reaches them: {', '.join(earlier)}[/]")
         for c in s["checkpoints"]:
+            if c.get("unreadable"):
+                lines.append(f"[red]unreadable checkpoint[/] {escape(c['unreadable'])}")
+                continue
             if c["finished"] or c["earlier_run"]:
                 continue
             total, epochs_in_all = c["total_steps"], c["total_epochs"]

@@ -166,3 +166,18 @@ def test_describe_sweep_counts_cells_and_estimates_time_left_from_the_cells_this
 @pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (59, "59s"), (61, "1m01s"), (3600 * 5 + 60 * 7, "5h07m")])
 def test_format_duration(seconds, text):
     assert format_duration(seconds) == text
+
+
+def test_an_unreadable_checkpoint_is_reported_and_the_other_stages_still_shown(tmp_path):
+    ws = make_workspace(tmp_path / "ws")
+    (ws / "metrics").mkdir()
+    (ws / "metrics" / "prepare.json").write_text(json.dumps(dict(classes=["a", "b"], n_train=9, n_valid=1, n_test=2)))
+    (ws / "artifacts" / "pretrain").mkdir(parents=True)
+    (ws / "artifacts" / "pretrain" / "checkpoint-fwd.pt").write_bytes(b"not a checkpoint")
+    stages = {s["stage"]: s for s in workspace_status(ws)}
+    assert stages["prepare"]["state"] == "done" and "9 train" in stages["prepare"]["summary"]
+    (bad,) = stages["pretrain"]["checkpoints"]
+    assert "checkpoint-fwd.pt" in bad["unreadable"] and stages["pretrain"]["state"] != "training"
+    out = subprocess.run([TRANSFER, "status"], cwd=ws, env=_env(ws), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "unreadable checkpoint" in out.stdout and "finetune_lm" in out.stdout

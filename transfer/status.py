@@ -11,6 +11,7 @@ import json
 import time
 from pathlib import Path
 
+from transfer.errors import TransferError
 from transfer.train import load_checkpoint
 
 __all__ = ["checkpoint_progress", "workspace_status", "sweep_progress", "describe_sweep", "format_duration"]
@@ -39,6 +40,16 @@ def checkpoint_progress(path: Path) -> dict:
                 train_s=train_s, eta_s=eta,
                 last_epoch={k: v for k, v in last.items() if k in ("train_loss", "valid_loss", "valid_ppl",
                                                                    "valid_accuracy")})
+
+
+def _progress_or_problem(path: Path) -> dict:
+    """`checkpoint_progress`, or the reason it cannot be read: one bad file must not hide the other stages."""
+    try:
+        return checkpoint_progress(path)
+    except (TransferError, KeyError, TypeError, ValueError) as e:
+        return dict(name=path.stem.removeprefix("checkpoint-"), finished=False, step=0, total_steps=None,
+                    epochs_done=0, total_epochs=None, train_s=0.0, eta_s=None, last_epoch={},
+                    unreadable=f"{path}: {e}" if not isinstance(e, TransferError) else str(e))
 
 
 def _summary(stage: str, m: dict) -> str:
@@ -77,7 +88,7 @@ def workspace_status(root: Path = Path(".")) -> list[dict]:
     for stage in STAGES:
         metrics_path = root / "metrics" / f"{stage}.json"
         ckpts = sorted((root / "artifacts" / stage).glob("checkpoint-*.pt")) if stage in TRAINING_STAGES else []
-        runs = [checkpoint_progress(c) for c in ckpts]
+        runs = [_progress_or_problem(c) for c in ckpts]
         # A stage writes its metrics after its last checkpoint: checkpoints on both sides of them mean it runs
         # again. All of them newer is a restored copy (`dvc pull`, `dvc checkout`), not a new run.
         ended = metrics_path.stat().st_mtime_ns if metrics_path.exists() else None
@@ -85,14 +96,14 @@ def workspace_status(root: Path = Path(".")) -> list[dict]:
         rerunning = any(newer) and not all(newer)
         for r, n in zip(runs, newer):
             r["earlier_run"] = rerunning and not n
-        current = [r for r in runs if not r["earlier_run"]]
+        current = [r for r in runs if not r["earlier_run"] and not r.get("unreadable")]
         summary = ""
         if ended is not None:
             try:
                 summary = _summary(stage, json.loads(metrics_path.read_text()))
             except (ValueError, KeyError, TypeError) as e:
                 summary = f"unreadable {metrics_path} ({type(e).__name__}: {e})"
-        if rerunning or any(not r["finished"] for r in current) or (runs and ended is None):
+        if rerunning or any(not r["finished"] for r in current) or (current and ended is None):
             state = "training"
         elif any(o["state"] in ("training", "waiting") for o in out):
             state = "waiting"
