@@ -228,9 +228,9 @@ def promote(version: str = typer.Argument(..., help="Registered model version to
     metrics = {k.removeprefix("metrics."): float(v) for k, v in mv.tags.items() if k.startswith("metrics.")}
     if not metrics and mv.run_id:
         metrics = client.get_run(mv.run_id).data.metrics
+    # the tfidf baseline and chance figures come from the version's tags, written when it was registered
     d = gate(p.model_name, version, metrics, p.metric, p.min_delta, p.min_accuracy, client=client,
              min_delta_over_baseline=p.min_delta_over_baseline, require_above_chance=p.require_above_chance)
-    # the baseline and chance figures: the version's tags
     typer.echo(f"version {version}: {'promoted to champion' if d.promoted else 'not promoted'} — {d.reason}")
 
 

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,7 @@ def metric_key(name: str) -> str:
     return _METRIC_NAME_BAD.sub("_", name.replace("+", "_plus_"))
 
 
-def step_metrics_listener() -> Any:
+def step_metrics_listener() -> Callable[[dict], None]:
     """A `transfer.progress` listener that logs training progress as step metrics of this process's pipeline run:
     `steps.<stage direction>.loss` and `.<unit>_per_s`, at each global step reported (every few seconds)."""
     run_id, client = _pipeline_run_id, _client()

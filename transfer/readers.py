@@ -137,6 +137,14 @@ def _lines(path: Path, codec: str, encoding: str) -> Iterator[str]:
         raise TransferError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
+UTF16_NUL_HINT = "; every other byte is NUL, as in UTF-16 text: try data.encoding: utf-16-le (or utf-16-be)"
+
+
+def _nul_interleaved(head: bytes) -> bool:
+    """ASCII text written as UTF-16 without a byte-order mark: every other byte is NUL."""
+    return len(head) >= 4 and head.count(0) > len(head) // 4
+
+
 def _encoding_hint(path: Path, codec: str) -> str:
     """For a file read as UTF-8: what its first bytes look like (a UTF-16/32 byte-order mark, UTF-16 without
     one), else the usual suspect, Latin-1. Other encodings: no hint."""
@@ -152,8 +160,8 @@ def _encoding_hint(path: Path, codec: str) -> str:
     for bom, name in boms:
         if head.startswith(bom):
             return f"; the file starts with a {name.upper()} byte-order mark: try data.encoding: {name}"
-    if len(head) >= 4 and head.count(0) > len(head) // 4:  # ASCII text in UTF-16: every other byte is NUL
-        return "; every other byte is NUL, as in UTF-16 text: try data.encoding: utf-16-le (or utf-16-be)"
+    if _nul_interleaved(head):
+        return UTF16_NUL_HINT
     return "; try data.encoding: latin-1"
 
 
@@ -289,7 +297,7 @@ def _read_delimited(path: Path, sep: str, encoding: str, header: bool) -> tuple[
     codec = _codec(encoding)
     kind = "CSV" if sep == "," else "TSV"
     hint = _encoding_hint(path, codec)
-    if "NUL" in hint:  # UTF-16 bytes decode as (wrong) UTF-8 with NULs: say so before the columns look garbled
+    if hint == UTF16_NUL_HINT:  # UTF-16 bytes decode as (wrong) UTF-8 with NULs: say so before columns look garbled
         raise TransferError(f"{path}: not {encoding} text{hint}")
     try:
         # header=None: the header row is read as data, so duplicate names stay visible (pandas would rename them)

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from transfer import rules
 from transfer.config import Params
 from transfer.data import ClassificationLoader, Docs, LMLoader, load_token_stream, write_token_stream
 from transfer.errors import TransferError
@@ -29,7 +30,6 @@ from transfer.io_utils import atomic_path, file_digest, write_csv, write_json
 from transfer.model import LanguageModel, TextClassifier, classifier_config, lm_config
 from transfer.plots import plot_confusion, plot_history, plot_lr_find, plot_lr_schedule
 from transfer.pseudo import probe_teacher, select_pseudo_labels
-from transfer import rules
 from transfer.readers import iter_text_documents, read_table
 from transfer.tokenizer import PAD_ID, Tokenizer, train_tokenizer
 from transfer.train import (
@@ -243,9 +243,6 @@ def _lm_stage(stage: str, p: Params, paths: Paths, hp, stream: np.ndarray, valid
                             f"{stage}.lr or raise {stage}.warmup_min_steps")
     write_json(paths.metrics(stage), metrics)
     return metrics
-
-
-UNIGRAM_FAIL = 0.8  # an LM at >= 80% of the unigram perplexity failed (healthy 1-epoch LMs: ~30%; diverged: 92%)
 
 
 def unigram_perplexity(train: np.ndarray, valid: np.ndarray, vocab_size: int) -> float:
@@ -587,7 +584,9 @@ def evaluate(p: Params, paths: Paths = Paths()) -> dict:
         write_csv(paths.plot("confusion.csv"), [dict(actual=classes[a], predicted=classes[b])
                                                   for a, b in zip(y, probs[champion].argmax(1))])
         plot_confusion(best["confusion_matrix"], classes, paths.plot("confusion.png"), f"{champion} on test")
-    majority = classification_metrics(y, np.full_like(y, np.bincount(y, minlength=len(classes)).argmax()), classes)
+    # chance: always the training rows' most frequent class (picked without looking at test labels)
+    most_frequent = index[frames["train"]["label"].value_counts().idxmax()]
+    majority = classification_metrics(y, np.full_like(y, most_frequent), classes)
     metrics = dict(variants={v: {k: r[k] for k in ("accuracy", "error_rate", "macro_f1")} for v, r in results.items()},
                    chance={k: majority[k] for k in ("accuracy", "error_rate", "macro_f1")},
                    details={v: r["full"] for v, r in results.items()}, champion_candidate=champion,

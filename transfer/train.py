@@ -246,7 +246,7 @@ def _fit(model, phases, batches, steps_in_epoch, step_loss, validate, hp, *, mon
         phase_steps = sum(steps_in_epoch(first_epoch + e) for e in range(phase.epochs))
         steps_before = sum(steps_in_epoch(first_epoch + e) for e in range(pos["epoch_in_phase"]))
         # the warm-up floor: at least warmup_min_steps (at most half the phase) before the peak lr
-        cut_frac = max(hp.cut_frac, min(0.5, getattr(hp, "warmup_min_steps", 0) / max(phase_steps, 1)))
+        cut_frac = max(hp.cut_frac, min(0.5, hp.warmup_min_steps / max(phase_steps, 1)))
         while pos["epoch_in_phase"] < phase.epochs:
             epoch = pos["global_epoch"]
             model.train()
@@ -342,16 +342,14 @@ class _DivergenceGuard:
     every, burn_in, beta = 20, 20, 0.9
 
     def __init__(self, hp: TrainHP):
-        self.factor = getattr(hp, "spike_factor", None)
-        self.max_recoveries = getattr(hp, "max_recoveries", 3)
+        self.factor, self.max_recoveries = hp.spike_factor, hp.max_recoveries
         self.mean, self.n = 0.0, 0
         self.snaps: list[dict] = []
 
     def diverged(self, loss: float) -> bool:
         if not math.isfinite(loss):
             return True
-        mean = self.mean / (1 - self.beta ** self.n) if self.n else loss
-        if self.factor is not None and self.n >= self.burn_in and loss > self.factor * mean:
+        if self.factor is not None and self.n >= self.burn_in and loss > self.factor * self.mean_value():
             return True
         self.mean, self.n = self.beta * self.mean + (1 - self.beta) * loss, self.n + 1
         return False
@@ -391,6 +389,7 @@ class _DivergenceGuard:
         return dict(snap["acc"])
 
     def mean_value(self) -> float:
+        """The running mean of the healthy step losses, bias-corrected (an EMA that starts at 0)."""
         return self.mean / (1 - self.beta ** self.n) if self.n else float("nan")
 
 
