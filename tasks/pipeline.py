@@ -91,6 +91,8 @@ def log_stage(stage: str, params: Params, result: dict, cached: bool, root: Path
         for png in PLOTS.get(stage, []):
             if paths.plot(png).exists():
                 log_figure_png(paths.plot(png), f"plots/{png}")
+        if stage == "prepare":
+            mlflow.log_artifact(str(paths.art("prepare", "data_report.json")))
         if stage == "tokenize":
             mlflow.log_artifact(str(paths.art("tokenize", "spm.model")), artifact_path="tokenizer")
         if stage == "evaluate":

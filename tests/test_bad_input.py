@@ -144,6 +144,26 @@ def bundle(name: str) -> list[str]:
     return ["predict", "--model", f"bundles/{name}", "a tree saw the harbour again"]
 
 
+def _merge_rows_with_a_quote(rel: Path, row: int) -> Callable[[Path], None]:
+    """Data row `row` opens a quote that only the next row's text closes: the two rows read as one (valid CSV)."""
+
+    def mutate(ws: Path) -> None:
+        lines = (ws / rel).read_text().split("\n")
+        text, label = lines[row].rsplit(",", 1)
+        nxt_text, nxt_label = lines[row + 1].rsplit(",", 1)
+        assert '"' not in lines[row] + lines[row + 1]
+        lines[row], lines[row + 1] = f'"{text},{label}', f'{nxt_text}",{nxt_label}'
+        (ws / rel).write_text("\n".join(lines))
+
+    return mutate
+
+
+def _parquet_with_numbers(ws: Path) -> None:
+    import pandas as pd
+
+    pd.DataFrame({"text": list(range(40)), "label": ["a", "b"] * 20}).to_parquet(ws / "data/demo/train.parquet")
+
+
 CASES = [
     # ---- the labelled table (transfer stage prepare)
     Case("empty_file", ["stage", "prepare"], write_bytes(TRAIN, b""), [f"{TRAIN}: file is empty"]),
@@ -179,6 +199,19 @@ CASES = [
     Case("domain_text_non_utf8", ["stage", "prepare", "-S", "data.domain=[data/domain.txt]", "-S",
                                   "data.max_train_labels=100"], domain_file_with_bad_bytes,
          ["data/domain.txt, line 2: bytes are not valid utf-8"]),
+    # ---- hygiene: rows merged by a quote, conflicting labels, numbers where text belongs (transfer/hygiene.py)
+    Case("unterminated_quote_merges_rows", ["stage", "prepare"], _merge_rows_with_a_quote(TRAIN, 4),
+         [f"{TRAIN}, data row 4: a quoted field runs over several lines", "closing quote missing"]),
+    Case("conflicting_labels", ["stage", "prepare"], edit_table(TRAIN, lambda rows: rows + [[rows[1][0], "sports"
+                                                                   if rows[1][1] != "sports" else "world"]]),
+         [f"{TRAIN}: 1 text carries conflicting labels", "data row 1", "data.on_conflict"]),
+    Case("on_conflict_unknown", ["stage", "prepare", "-S", "data.on_conflict=vote"],
+         expect=["data.on_conflict must be one of ['error', 'drop', 'majority'], got 'vote'"]),
+    Case("parquet_integer_text", ["stage", "prepare", "-S", "data.train=data/demo/train.parquet"],
+         _parquet_with_numbers, ["data/demo/train.parquet, data row 1: text column 'text' holds the number 0"]),
+    Case("jsonl_number_text", ["stage", "prepare", "-S", "data.train=data/demo/train.jsonl"],
+         write_bytes("data/demo/train.jsonl", b'{"text": "fine words here", "label": "a"}\n{"text": 3.5, "label": "b"}\n'),
+         ["data/demo/train.jsonl, line 2: text column 'text' holds the number 3.5"]),
     # ---- the general corpus (transfer stage tokenize)
     Case("vocab_too_large_for_corpus", ["stage", "tokenize", "-S", "tokenizer.vocab_size=5000"],
          expect=["tokenizer vocab_size=5000 is too large", "use vocab_size <= "], check=vocab_suggestion_works),
@@ -304,8 +337,16 @@ POSITIVE = [
 DEBUG = Case("debug_shows_traceback", ["--debug", "stage", "prepare"], edit_table(TRAIN, set_cell(3, 0, "   ")),
              [f"{TRAIN}, data row 3: text is empty", "Traceback (most recent call last)", "TransferError"])
 
-ALL = {c.id: c for c in [*CASES, *POSITIVE, DEBUG]}
-assert len(ALL) == len(CASES) + len(POSITIVE) + 1, "case ids must be unique"
+# The same bad params, and a sample of bad tables, through the whole flow: `transfer run` must fail as cleanly as
+# `transfer stage`. A bad table costs a Prefect server start (~30 s on a busy 2-core box), so the sample is small.
+RUN_TABLES = {"empty_file", "missing_text_column", "non_utf8_bytes", "label_only_in_test", "class_with_one_example",
+              "unterminated_quote_merges_rows", "conflicting_labels", "parquet_integer_text"}
+RUN_CASES = [Case(f"run-{c.id}", ["run", *c.args[2:]], c.mutate, c.expect) for c in CASES
+             if c.args[:2] == ["stage", "prepare"] and (c.id in RUN_TABLES or c.id.startswith(("params_", "override_",
+                                                                                                  "on_conflict_")))]
+
+ALL = {c.id: c for c in [*CASES, *POSITIVE, DEBUG, *RUN_CASES]}
+assert len(ALL) == len(CASES) + len(POSITIVE) + 1 + len(RUN_CASES), "case ids must be unique"
 
 
 # --------------------------------------------------------------------------- workspace and runner
@@ -371,7 +412,7 @@ def template(tmp_path_factory) -> Path:
 def _run(case: Case, ws: Path) -> Result:
     before = snapshot(ws)
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}", "OMP_NUM_THREADS": "1",
-           "COLUMNS": "200"}
+           "COLUMNS": "200", "PREFECT_HOME": str(ws.parent / f"{ws.name}.prefect")}  # one Prefect server each
     t0 = time.perf_counter()
     p = subprocess.run([TRANSFER, *case.args], cwd=ws, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     return Result(ws, p.returncode, p.stdout, p.stderr, before, snapshot(ws), time.perf_counter() - t0)
@@ -442,6 +483,29 @@ def test_quirky_but_valid_input_works(case: Case, results: dict[str, Result]) ->
     case.check(r)
     leftovers = [k for k in r.after if ".tmp-" in k]
     assert not leftovers, leftovers
+
+
+OUTPUTS = ("artifacts/", "metrics/", "plots/", "data/", "params.yaml")
+
+
+@pytest.mark.parametrize("case", RUN_CASES, ids=[c.id for c in RUN_CASES])
+def test_bad_input_fails_cleanly_through_transfer_run(case: Case, results: dict[str, Result]) -> None:
+    """Prefect may log its own lines, but the error is the same one line, with no traceback, no retry, no stage
+    output and no registry version."""
+    from mlflow import MlflowClient
+
+    r = results[case.id]
+    assert r.rc == 2, _report(r)
+    assert "Traceback" not in r.stderr + r.stdout, _report(r)
+    assert not any(s in r.stderr + r.stdout for s in ("Retrying", "AwaitingRetry")), _report(r)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, _report(r)
+    for s in case.expect:
+        assert s in errors[0], f"{s!r} not in the message\n{_report(r)}"
+    changed = [c for c in _changes(r) if c.startswith(OUTPUTS)]
+    assert not changed, f"stage outputs changed: {changed}\n{_report(r)}"
+    client = MlflowClient(tracking_uri=f"sqlite:///{r.ws / 'mlflow.db'}")
+    assert client.search_model_versions() == []
 
 
 def test_debug_prints_traceback(results: dict[str, Result]) -> None:

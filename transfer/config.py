@@ -96,10 +96,12 @@ class DataParams:
     seed: int = 0  # split seed
     label_seed: int = 0  # which rows a max_train_labels subsample keeps (varied by the sample-efficiency runs)
     rules: bool = False  # resolve the classifier settings that depend on the data at `prepare` (transfer/rules.py)
+    on_conflict: str = "error"  # one text, several labels: "error", "drop" its rows, or keep the "majority" label
 
     def __post_init__(self) -> None:
         _require(len(self.general) > 0, "general", "must name at least one file, folder or glob")
         _one_of(self.general_doc_per, "general_doc_per", ["line", "file"])
+        _one_of(self.on_conflict, "on_conflict", ["error", "drop", "majority"])
         _require(self.train != "", "train", "must name the labelled table")
         _require(len(self.text_cols) > 0, "text_cols", "must name at least one column")
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import csv
 import glob
 import itertools
 import json
@@ -219,7 +220,7 @@ def read_table(path: str | Path, text_cols: list[str], label_col: str | None, en
     _check_columns(path, columns, text_cols, label_col, header and suffix in (".csv", ".tsv"))
 
     col_values = {c: table.iloc[:, columns.index(c)].tolist() for c in text_cols + ([label_col] if label_col else [])}
-    parts = [[_cell(path, v, c, row_name, i) for i, v in enumerate(col_values[c])] for c in text_cols]
+    parts = [[_cell(path, v, c, row_name, i, text=True) for i, v in enumerate(col_values[c])] for c in text_cols]
     texts = [" ".join(p.strip() for p in row if p is not None and p.strip()) for row in zip(*parts)]
     _require_all(path, texts, row_name, f"text is empty or missing (column{'s' if len(text_cols) > 1 else ''} "
                                         f"{', '.join(map(repr, text_cols))})")
@@ -229,6 +230,8 @@ def read_table(path: str | Path, text_cols: list[str], label_col: str | None, en
         labels = [None if v is None else v.strip()
                   for v in (_cell(path, v, label_col, row_name, i) for i, v in enumerate(col_values[label_col]))]
         _require_all(path, labels, row_name, f"label is empty or missing (column {label_col!r})")
+        if suffix in (".csv", ".tsv"):
+            _check_swallowed_rows(path, "," if suffix == ".csv" else "\t", columns, label_col, parts, labels)
     return pd.DataFrame({"text": pd.Series(texts, dtype=object), "label": pd.Series(labels, dtype=object)})
 
 
@@ -264,10 +267,16 @@ def _check_columns(path: Path, columns: list[str], text_cols: list[str], label_c
         raise TransferError(msg)
 
 
-def _cell(path: Path, value: Any, column: str, row_name: Callable[[int], str], i: int) -> str | None:
-    """A table value as text; None when missing. Integral floats read "1", not "1.0" (parquet int+null columns)."""
+def _cell(path: Path, value: Any, column: str, row_name: Callable[[int], str], i: int, text: bool = False
+          ) -> str | None:
+    """A table value as text; None when missing. Integral floats read "1", not "1.0" (parquet int+null columns).
+    A text column (text=True) must hold strings: numbers there mean the wrong column was named."""
     if value is None or isinstance(value, str):
         return value
+    if text and isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)) and not (
+            isinstance(value, (float, np.floating)) and math.isnan(value)):
+        raise TransferError(f"{path}, {row_name(i)}: text column {column!r} holds the number {value!r}, not text; "
+                            f"is text_cols naming the right column?")
     if isinstance(value, (bool, np.bool_)):
         return str(bool(value))
     if isinstance(value, (int, np.integer)):
@@ -280,6 +289,23 @@ def _cell(path: Path, value: Any, column: str, row_name: Callable[[int], str], i
     if isinstance(value, (dict, list, tuple, np.ndarray, bytes)):
         raise TransferError(f"{path}, {row_name(i)}: column {column!r} holds a {type(value).__name__}, expected text")
     return str(value)
+
+
+def _check_swallowed_rows(path: Path, sep: str, columns: list[str], label_col: str, parts: list[list[str | None]],
+                          labels: list[str | None]) -> None:
+    """A quoted text spanning lines, one of which reads as a whole row of this table (a known label in the label
+    column), is a missing closing quote that merged rows; legitimate multi-line texts pass."""
+    known, width, at = set(labels), len(columns), columns.index(label_col)
+    for column in parts:
+        for i, value in enumerate(column):
+            if value is None or ("\n" not in value and "\r" not in value):
+                continue
+            for line in value.splitlines():
+                fields = next(csv.reader([line], delimiter=sep), [])
+                if len(fields) == width and fields[at].strip() in known:
+                    raise TransferError(f"{path}, {_data_row(i)}: a quoted field runs over several lines and "
+                                        f"holds what reads as another row ({line[:60]!r}); is a closing quote "
+                                        f"missing?")
 
 
 def _require_all(path: Path, values: list[str | None], row_name: Callable[[int], str], problem: str) -> None:

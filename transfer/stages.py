@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from transfer import rules
+from transfer import hygiene, rules
 from transfer.config import Params
 from transfer.data import ClassificationLoader, Docs, LMLoader, load_token_stream, write_token_stream
 from transfer.errors import TransferError
@@ -61,7 +61,7 @@ def _texts_file(path: Path, texts: Iterator[str] | list[str]) -> Path:
     """One document per line (newlines inside a document become spaces), atomically."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for t in texts:
-            f.write(" ".join(t.split()) + "\n")
+            f.write(" ".join(hygiene.CONTROL.sub(" ", t).split()) + "\n")
     return path
 
 
@@ -83,9 +83,7 @@ def _seed(seed: int) -> None:
 # --- prepare ----------------------------------------------------------------------------------------
 
 def _split(df: pd.DataFrame, frac: float, seed: int, what: str, source: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Stratified, seeded split -> (rest, held out)."""
-    from sklearn.model_selection import train_test_split
-
+    """Stratified, seeded split that keeps copies of a text together -> (rest, held out)."""
     counts = df["label"].value_counts()
     if len(counts) < 2:
         raise TransferError(f"{source}: only one class ({counts.index[0]!r}); a classifier needs at least two")
@@ -97,8 +95,7 @@ def _split(df: pd.DataFrame, frac: float, seed: int, what: str, source: str) -> 
     if len(df) - n_out < len(counts):
         raise TransferError(f"{source}: {len(df)} rows are too few to hold out a {what} split of {frac:.0%} "
                             f"with every one of {len(counts)} classes on both sides")
-    rest, out = train_test_split(df, test_size=n_out, stratify=df["label"], random_state=seed)
-    return rest.reset_index(drop=True), out.reset_index(drop=True)
+    return hygiene.group_split(df, n_out, seed)
 
 
 def _subsample(df: pd.DataFrame, n: int, seed: int, source: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -119,12 +116,23 @@ def _subsample(df: pd.DataFrame, n: int, seed: int, source: str) -> tuple[pd.Dat
 def prepare(p: Params, paths: Paths = Paths()) -> dict:
     """Read the labelled tables, split and subsample them, and gather the domain texts for LM tuning."""
     d = p.data
-    read = lambda f: read_table(f, list(d.text_cols), d.label_col, d.encoding, d.header)  # noqa: E731
-    train = table = read(d.train)
-    test = read(d.test) if d.test else None
+    read_n: dict[str, int] = {}
+    dropped: dict[str, dict[str, int]] = {}
+    controls: dict[str, int] = {}
+
+    def read(name: str, path: str) -> pd.DataFrame:
+        df = read_table(path, list(d.text_cols), d.label_col, d.encoding, d.header)
+        read_n[name] = len(df)
+        df, controls[name] = hygiene.clean_controls(df)
+        return df
+
+    # conflicting labels are resolved in the training table only; held-out files are the user's yardstick
+    train, n = hygiene.resolve_conflicts(read("train", d.train), d.on_conflict, d.train)
+    table, dropped["train"] = train, {"conflicting_label": n} if n else {}
+    test = read("test", d.test) if d.test else None
     if test is None:
         train, test = _split(train, d.test_frac, d.seed, "test", d.train)
-    valid = read(d.valid) if d.valid else None
+    valid = read("valid", d.valid) if d.valid else None
     if valid is None:
         train, valid = _split(train, d.valid_frac, d.seed, "validation", d.train)
     classes = sorted(train["label"].unique())
@@ -152,9 +160,11 @@ def prepare(p: Params, paths: Paths = Paths()) -> dict:
             df[["text", "label"]].to_csv(tmp, index=False)
     with atomic_path(out / "unlabelled.csv") as tmp:  # the budget's unlabelled rows, for self-training: no labels
         unlabelled[["text"]].to_csv(tmp, index=False)
+    report = hygiene.report({"train": train, "valid": valid, "test": test}, read_n, dropped, controls)
+    write_json(out / "data_report.json", report)
     metrics = dict(classes=classes, n_train=len(labelled), n_train_unlabelled=len(train) - len(labelled),
                    n_valid=len(valid), n_test=len(test), domain_include_test=d.domain_include_test,
-                   test_digest=file_digest(out / "test.csv"))
+                   test_digest=file_digest(out / "test.csv"), data=hygiene.summary(report))
     if d.rules:  # the classifier settings that depend on the data, with their reasons
         metrics["data_stats"] = rules.data_stats(list(labelled["text"]), list(labelled["label"]), len(unlabelled))
         metrics["rules"] = rules.resolve(metrics["data_stats"], p)
@@ -647,7 +657,8 @@ def stage_outputs(p: Params, stage: str, paths: Paths = Paths()) -> list[Path]:
     """Files a finished stage leaves behind (checked before a cached result is trusted)."""
     a, dirs = paths.art, list(p.model.directions)
     outputs = {
-        "prepare": [a("prepare", f) for f in ("train.csv", "valid.csv", "test.csv", "domain.txt", "unlabelled.csv")],
+        "prepare": [a("prepare", f) for f in ("train.csv", "valid.csv", "test.csv", "domain.txt", "unlabelled.csv",
+                                               "data_report.json")],
         "tokenize": [a("tokenize", "spm.model"), a("tokenize", "general.npy")],
         "pretrain": [a("pretrain", f"lm-{x}.pt") for x in dirs],
         "finetune_lm": [a("finetune_lm", f"lm-{x}.pt") for x in dirs],
