@@ -49,7 +49,7 @@ def run(params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
     from flows.ulmfit import run_pipeline
 
     quiet_prefect_errors()
-    with workspace_lock(lock_timeout):
+    with workspace_lock(lock_timeout, tracked=True):
         summary = run_pipeline(str(params), set_ or [], ".", promote)
     _print_summary(summary)
 
@@ -76,12 +76,17 @@ def quiet_prefect_errors() -> None:
 
 
 @contextlib.contextmanager
-def workspace_lock(timeout: float = 0) -> Iterator[None]:
-    """One writer per workspace: a second `transfer run`/`stage` waits `timeout` s, then refuses clearly."""
+def workspace_lock(timeout: float = 0, tracked: bool = False) -> Iterator[None]:
+    """One writer per workspace: a second `transfer run`/`stage` waits `timeout` s, then refuses clearly.
+    tracked: the command logs to MLflow; runs a killed process of this workspace left RUNNING become KILLED."""
     from filelock import FileLock, Timeout
 
     try:
         with FileLock(LOCK, timeout=timeout):
+            if tracked:
+                from tasks.tracking import mark_killed_runs
+
+                mark_killed_runs()
             yield
     except Timeout:
         raise TransferError(f"another transfer process holds {LOCK} in {Path.cwd()}; wait for it, or pass "
@@ -373,7 +378,7 @@ def sample_efficiency(budgets: str = typer.Option("100,200,500,1000,all", help="
     from flows.experiments import run_sample_efficiency
 
     quiet_prefect_errors()
-    with workspace_lock(lock_timeout):  # it reruns the workspace's stages: a concurrent run would mix their outputs
+    with workspace_lock(lock_timeout, tracked=True):  # it reruns the workspace's stages: a concurrent run would mix them
         rows = run_sample_efficiency(budgets.split(","), [int(x) for x in seeds.split(",")], str(params),
                                      set_ or [], resume=resume)
     t = Table(title="mean test error % by label budget")
@@ -419,7 +424,7 @@ def benchmark(suite: Path = typer.Option(..., "--suite", help="Suite file: base 
         seed_list = [int(s) for s in seeds.split(",")] if seeds else None
     except ValueError:
         raise TransferError(f"--seeds must be integers separated by commas, got {seeds!r}") from None
-    with workspace_lock(0):
+    with workspace_lock(0, tracked=True):
         rows = run_benchmark(str(suite), str(out), budget_list, seed_list, str(general_lm) if general_lm else None,
                              resume, [d.strip() for d in datasets.split(",")] if datasets else None)
     from transfer.benchmark import markdown_table

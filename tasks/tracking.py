@@ -14,6 +14,7 @@ import numbers
 import os
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -42,6 +43,7 @@ __all__ = [
     "log_figure_png",
     "metric_key",
     "step_metrics_listener",
+    "mark_killed_runs",
 ]
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
@@ -124,6 +126,30 @@ def ensure_experiment(name: str, artifact_location: str | Path) -> str:
     return experiment.experiment_id
 
 
+def workspace_tags() -> dict[str, str]:
+    """Which workspace (folder, machine) a run belongs to: `mark_killed_runs` finds this workspace's runs by them."""
+    return {"transfer.workspace": str(Path.cwd().resolve()), "transfer.host": socket.gethostname()}
+
+
+def mark_killed_runs() -> int:
+    """Runs of this workspace left RUNNING by a killed process become KILLED; returns how many.
+
+    Call it holding the workspace lock: then no live process of this workspace is logging."""
+    tags = workspace_tags()
+    if any("'" in v for v in tags.values()):  # cannot be quoted in a filter string; leave them
+        return 0
+    init_store()
+    client = _client()
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    if not experiments:
+        return 0
+    where = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    stale = client.search_runs(experiments, f"attributes.status = 'RUNNING' and {where}", max_results=10_000)
+    for run in stale:
+        client.set_terminated(run.info.run_id, status="KILLED")
+    return len(stale)
+
+
 def loggable_params(params: Mapping[str, Any] | Any) -> dict[str, Any]:
     """`params` (dict or dataclass) flattened to dotted keys, without secrets: any key with a secret-like component."""
     if dataclasses.is_dataclass(params) and not isinstance(params, type):
@@ -158,7 +184,7 @@ def start_pipeline_run(
     """The parent run of one pipeline run: all params, the git commit; stages nest under it."""
     global _pipeline_run_id
     mlflow.set_tracking_uri(tracking_uri())
-    all_tags = {**git_tags(), "pipeline": name, **(tags or {})}
+    all_tags = {**git_tags(), **workspace_tags(), "pipeline": name, **(tags or {})}
     with mlflow.start_run(run_name=name, experiment_id=experiment_id, tags=all_tags) as run:
         _log_params(run.info.run_id, params)
         previous, _pipeline_run_id = _pipeline_run_id, run.info.run_id
@@ -180,7 +206,7 @@ def stage_run(
     active = mlflow.active_run()
     parent = parent_run_id or (active.info.run_id if active else None) or _pipeline_run_id
     experiment_id = _client().get_run(parent).info.experiment_id if parent else None
-    tags = {**git_tags(), "stage": stage}
+    tags = {**git_tags(), **workspace_tags(), "stage": stage}
     with mlflow.start_run(
         run_name=stage, experiment_id=experiment_id, nested=active is not None, parent_run_id=parent, tags=tags
     ) as run:

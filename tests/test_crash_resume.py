@@ -75,6 +75,12 @@ def test_runs_killed_at_random_moments_resume_to_the_uninterrupted_result(tmp_pa
             torch.load(ck, weights_only=True)
     assert _run(ws) == 0, (ws / "run.log").read_text()[-3000:]
     assert _variants(ws) == _variants(straight)
+    # the MLflow runs the kills left RUNNING were marked KILLED when the next run started
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{ws / 'mlflow.db'}")
+    statuses = [r.info.status for r in client.search_runs([e.experiment_id for e in client.search_experiments()])]
+    assert "RUNNING" not in statuses and statuses.count("KILLED") >= 1, statuses
     for stage in ("pretrain", "finetune_lm"):
         a = torch.load(straight / "artifacts" / stage / "lm-fwd.pt", weights_only=True)
         b = torch.load(ws / "artifacts" / stage / "lm-fwd.pt", weights_only=True)

@@ -177,3 +177,25 @@ def test_figures_and_png_files_are_logged_as_named_artifacts(experiment, tmp_pat
     plt.close(fig)
     listed = MlflowClient(tracking_uri()).list_artifacts(run.info.run_id, "plots")
     assert sorted(a.path for a in listed) == ["plots/confusion.png", "plots/lr_find.png"]
+
+
+def test_runs_a_dead_process_of_this_workspace_left_running_become_killed(experiment, tmp_path, monkeypatch):
+    from tasks.tracking import mark_killed_runs, workspace_tags
+
+    client = MlflowClient(tracking_uri=tracking_uri())
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    ids = {}
+    for name, ws in (("mine", mine), ("other", other)):
+        ws.mkdir()
+        monkeypatch.chdir(ws)
+        with start_pipeline_run(f"pipeline-{name}", {}, experiment_id=experiment) as run:
+            with stage_run("prepare", {}):
+                pass
+        ids[name] = run.info.run_id
+        client.update_run(run.info.run_id, status="RUNNING")  # as a process killed mid-run leaves it
+        assert client.get_run(run.info.run_id).data.tags["transfer.workspace"] == workspace_tags()["transfer.workspace"]
+    monkeypatch.chdir(mine)
+    assert mark_killed_runs() == 1
+    assert client.get_run(ids["mine"]).info.status == "KILLED"
+    assert client.get_run(ids["other"]).info.status == "RUNNING"  # another workspace's run may be alive
+    assert mark_killed_runs() == 0
