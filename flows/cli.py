@@ -215,6 +215,31 @@ def predict(texts: list[str] = typer.Argument(..., help="One or more texts to cl
 
 
 @app.command()
+def serve(model: str = typer.Option(None, "--model", "-m", help="MLflow model URI (default: models:/<registry."
+                                    "model_name>@champion) or a bundle folder."),
+          params: Path = ParamsOpt,
+          host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0: every interface)."),
+          port: int = typer.Option(5001, help="TCP port."),
+          max_body_kb: int = typer.Option(1024, help="Largest request body accepted, in KiB (bigger: 413).")) -> None:
+    """Serve a classifier over HTTP: POST /invocations (MLflow's JSON request shapes), GET /health, GET /version.
+
+    Every request is checked before the model sees it: malformed ones get a 4xx naming the problem, never a 5xx."""
+    import uvicorn
+
+    from tasks.serving import create_app, load_model
+    from transfer.config import load_params
+
+    uri = model or f"models:/{load_params(params).registry.model_name}@champion"
+    if uri.startswith(("models:/", "runs:/")):
+        import mlflow
+
+        mlflow.set_tracking_uri(_existing_tracking_uri())
+    loaded, classes = load_model(uri)
+    console.print(f"serving {uri} ({', '.join(classes)}) on http://{host}:{port}/invocations")
+    uvicorn.run(create_app(loaded, classes, uri, max_body_kb * 1024), host=host, port=port, log_level="warning")
+
+
+@app.command()
 def promote(version: str = typer.Argument(..., help="Registered model version to judge."),
             params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt) -> None:
     """Apply the champion gate to a registered version by hand, using its recorded test metrics."""
@@ -237,22 +262,6 @@ def promote(version: str = typer.Argument(..., help="Registered model version to
     d = gate(p.model_name, version, metrics, p.metric, p.min_delta, p.min_accuracy, client=client,
              min_delta_over_baseline=p.min_delta_over_baseline, require_above_chance=p.require_above_chance)
     typer.echo(f"version {version}: {'promoted to champion' if d.promoted else 'not promoted'} — {d.reason}")
-
-
-@app.command()
-def serve(model: str = typer.Option(None, "--model", "-m", help="Model URI; default: the champion."),
-          host: str = typer.Option("127.0.0.1", help="Bind address; loopback unless you say otherwise."),
-          port: int = typer.Option(5001), params: Path = ParamsOpt) -> None:
-    """Serve the model over HTTP (`mlflow models serve`): POST raw text to /invocations."""
-    from tasks.tracking import tracking_uri
-    from transfer.config import load_params
-
-    uri = model or f"models:/{load_params(params).registry.model_name}@champion"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri()}
-    cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local",
-           "-h", host, "-p", str(port)]
-    console.print(f"serving {uri} on http://{host}:{port}/invocations")
-    raise typer.Exit(subprocess.call(cmd, env=env))
 
 
 @app.command()

@@ -121,11 +121,10 @@ def register_classifier(params: Params, evaluation: dict, root: Path) -> tuple[s
     output = pd.DataFrame({"label": [classes[0]], "probability": [1.0], **{f"prob_{c}": [0.0] for c in classes}})
     champion_variant = evaluation["champion_candidate"]
     with stage_run("register", {"registry": params.section("registry")}) as run:
-        info = mlflow.pyfunc.log_model(
-            name="classifier", python_model=str(Path(pyfunc_model.__file__)), artifacts={"bundle": str(bundle)},
+        info = mlflow.pyfunc.log_model(  # data only: weights, tokenizer, meta.json; the code is the installed package
+            name="classifier", loader_module=pyfunc_model.LOADER_MODULE, data_path=str(bundle),
             signature=infer_signature(example, output), input_example=example,
-            pip_requirements=_pip_requirements(), code_paths=[str(Path(transfer.__file__).parent)],
-            registered_model_name=params.registry.model_name,
+            pip_requirements=_pip_requirements(), registered_model_name=params.registry.model_name,
         )
         metrics = evaluation["variants"][champion_variant]
         mlflow.log_metrics({k: float(v) for k, v in metrics.items()})

@@ -1,53 +1,58 @@
 """The classifier as an MLflow pyfunc model that takes raw text (a `text` column or a list of strings).
 
-Logged as "models from code": MLflow stores this file and runs it on load, so nothing is unpickled; the
-weights are plain state_dicts loaded with `torch.load(weights_only=True)` by `transfer.evaluate.Predictor`.
+Logged with MLflow's `loader_module` flavour: the model artifact is data only (the bundle's weights, `spm.model`,
+`meta.json`, and MLflow's MLmodel with the signature). Loading imports this module from the installed package
+and reads the weights with `torch.load(weights_only=True)` (`transfer.evaluate.Predictor`), so whoever can
+write the artifact store cannot make a server or `transfer predict` run code.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import mlflow
 import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 MAX_CHARS = 20_000  # longer texts keep their end: the classifier pools only the last max_len (1,440) tokens
+LOADER_MODULE = __name__
 
 
-def _texts(model_input) -> list[str]:
-    def bad(msg: str) -> MlflowException:
-        return MlflowException(msg, error_code=INVALID_PARAMETER_VALUE)  # served as HTTP 400
+def bad_input(msg: str) -> MlflowException:
+    return MlflowException(msg, error_code=INVALID_PARAMETER_VALUE)  # served as HTTP 400
 
+
+def texts_of(model_input) -> list[str]:
+    """The texts of a DataFrame with a `text` column, a list of strings or one string; anything else is refused."""
     if isinstance(model_input, pd.DataFrame):
         if "text" not in model_input.columns:
-            raise bad(f"input needs a 'text' column; got columns {list(model_input.columns)}")
+            raise bad_input(f"input needs a 'text' column; got columns {list(model_input.columns)}")
         values = list(model_input["text"])
     elif isinstance(model_input, (list, tuple)):
         values = list(model_input)
     elif isinstance(model_input, str):
         values = [model_input]
     else:
-        raise bad(f"input must be a DataFrame with a 'text' column or a list of strings, not {type(model_input).__name__}")
+        raise bad_input(f"input must be a DataFrame with a 'text' column or a list of strings, "
+                        f"not {type(model_input).__name__}")
     if not values:
-        raise bad("input holds no texts")
+        raise bad_input("input holds no texts")
     for i, v in enumerate(values):
         if not isinstance(v, str):
-            raise bad(f"text {i} is {type(v).__name__}, not a string")
+            raise bad_input(f"text {i} is {type(v).__name__}, not a string")
     return [v[-MAX_CHARS:] for v in values]
 
 
-class TransferClassifier(mlflow.pyfunc.PythonModel):
+class TextClassifierModel:
     """Returns one row per text: `label`, `probability` (of that label) and `prob_<class>` per class."""
 
-    def load_context(self, context) -> None:
+    def __init__(self, bundle: Path):
         from transfer.evaluate import Predictor
 
-        self.predictor = Predictor.from_dir(Path(context.artifacts["bundle"]))
+        self.predictor = Predictor.from_dir(bundle)
 
-    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
-        proba = self.predictor.predict_proba(_texts(model_input))
+    def predict(self, model_input, params: dict | None = None) -> pd.DataFrame:
+        proba = self.predictor.predict_proba(texts_of(model_input))
         classes = self.predictor.classes
         out = pd.DataFrame(proba, columns=[f"prob_{c}" for c in classes])
         out.insert(0, "probability", proba.max(axis=1))
@@ -55,4 +60,6 @@ class TransferClassifier(mlflow.pyfunc.PythonModel):
         return out
 
 
-mlflow.models.set_model(TransferClassifier())
+def _load_pyfunc(data_path: str) -> TextClassifierModel:
+    """MLflow's entry point: `data_path` is the bundle folder stored with the model."""
+    return TextClassifierModel(Path(data_path))

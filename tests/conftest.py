@@ -43,3 +43,23 @@ def workspace(tmp_path, monkeypatch) -> Path:
     make_workspace(tmp_path / "ws")
     monkeypatch.chdir(tmp_path / "ws")
     return tmp_path / "ws"
+
+
+CLASSES = ["business", "science", "sports", "world"]
+
+
+def make_bundle(dest: Path, corpus: Path, vocab: int = 200, weights_vocab: int | None = None) -> Path:
+    """A classifier bundle (random weights, a SentencePiece model trained on `corpus`) without running the
+    pipeline; `weights_vocab` other than `vocab` makes a bundle whose weights disagree with its tokenizer."""
+    from transfer.evaluate import save_classifier
+    from transfer.model import TextClassifier, classifier_config
+    from transfer.readers import iter_text_documents
+    from transfer.tokenizer import train_tokenizer
+
+    spm = dest.parent / f".{dest.name}-spm.model"  # beside the bundle: only the bundle's own copy is inside it
+    train_tokenizer(iter_text_documents([corpus]), spm, vocab_size=vocab, character_coverage=1.0)
+    torch.manual_seed(0)
+    cfg = classifier_config(weights_vocab or vocab, 0.5, emb_size=16, hidden_size=32, n_layers=2)
+    model = TextClassifier(cfg, len(CLASSES), bptt=20, max_len=100)
+    save_classifier(dest, spm, CLASSES, cfg, {"fwd": model.state_dict()}, 20, 100)
+    return dest

@@ -28,7 +28,7 @@ from typing import Callable
 
 import pytest
 
-from tests.conftest import make_workspace
+from tests.conftest import make_bundle, make_workspace
 
 TRANSFER = str(Path(sys.executable).with_name("transfer"))
 TRAIN, TEST, GENERAL = Path("data/demo/train.csv"), Path("data/demo/test.csv"), Path("data/demo/general.txt")
@@ -370,21 +370,8 @@ def snapshot(ws: Path) -> dict[str, str]:
 
 def _make_bundles(ws: Path) -> None:
     """bundles/ok (random weights, matching vocab) and bundles/wrong_vocab (weights for 300 pieces, spm has 200)."""
-    import torch
-
-    from transfer.evaluate import save_classifier
-    from transfer.model import TextClassifier, classifier_config
-    from transfer.readers import iter_text_documents
-    from transfer.tokenizer import train_tokenizer
-
-    spm = ws.parent / "bundle-spm.model"  # outside the workspace: only the bundles' copies are in it
-    train_tokenizer(iter_text_documents([ws / GENERAL]), spm, vocab_size=200, character_coverage=1.0)
-    classes = ["business", "science", "sports", "world"]
-    for name, vocab in (("ok", 200), ("wrong_vocab", 300)):
-        torch.manual_seed(0)
-        cfg = classifier_config(vocab, 0.5, emb_size=16, hidden_size=32, n_layers=2)
-        model = TextClassifier(cfg, len(classes), bptt=20, max_len=100)
-        save_classifier(ws / "bundles" / name, spm, classes, cfg, {"fwd": model.state_dict()}, 20, 100)
+    make_bundle(ws / "bundles" / "ok", ws / GENERAL)
+    make_bundle(ws / "bundles" / "wrong_vocab", ws / GENERAL, weights_vocab=300)
 
 
 @pytest.fixture(scope="session")

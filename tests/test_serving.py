@@ -175,3 +175,28 @@ def test_predict_cli_unknown_model_is_one_paragraph_error(trained):
     error = r.stderr[r.stderr.index("error:"):].strip()  # warnings from imports may come first
     assert "models:/nope@champion" in error
     assert "\n\n" not in error, error
+
+
+def test_the_registered_model_is_data_only_and_loads_through_the_installed_package(trained, monkeypatch):
+    """Weights, tokenizer and meta.json, no code and no pickle: loading imports tasks.pyfunc_model instead."""
+    import mlflow
+    import yaml
+    from mlflow import MlflowClient
+
+    from tasks.serving import load_model
+
+    ws, env = trained
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    version = client.get_model_version_by_alias(MODEL, "champion")
+    local = Path(mlflow.artifacts.download_artifacts(version.source, dst_path=str(ws / "downloaded")))
+    files = [f.relative_to(local) for f in local.rglob("*") if f.is_file()]
+    assert any(f.name == "meta.json" for f in files) and any(f.name == "spm.model" for f in files), files
+    code = [f for f in files if f.suffix in (".py", ".pyc", ".pkl", ".pickle", ".cloudpickle")]
+    assert not code, code
+    flavour = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"]
+    assert flavour["loader_module"] == "tasks.pyfunc_model" and not flavour.get("code")
+    model, classes = load_model(f"models:/{MODEL}@champion")
+    assert set(classes) == CLASSES
+    assert set(model.predict(__import__("pandas").DataFrame({"text": TEXTS}))["label"]) <= CLASSES
