@@ -493,6 +493,8 @@ def test_bad_input_fails_cleanly_through_transfer_run(case: Case, results: dict[
     assert not changed, f"stage outputs changed: {changed}\n{_report(r)}"
     client = MlflowClient(tracking_uri=f"sqlite:///{r.ws / 'mlflow.db'}")
     assert client.search_model_versions() == []
+    for record in (r.ws / ".prefect-results").glob("*"):  # failure records are JSON, never pickles
+        json.loads(record.read_text())
 
 
 def test_debug_prints_traceback(results: dict[str, Result]) -> None:
