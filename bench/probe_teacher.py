@@ -2,7 +2,7 @@
 
 Takes a workspace whose `finetune_lm` stage is done (e.g. one built from `examples/ag_news.yaml`) and, for each
 label draw (seed), reruns only `prepare` in a scratch copy that links the workspace's tokenizer and domain LMs,
-so the workspace itself is left untouched. Features (`stages._lm_features`) are computed once per text; the
+so the workspace itself is left untouched. Features (`stages.self_training.lm_features`) are computed once per text; the
 probe (`pseudo.probe_teacher`) takes seconds per round. Prints validation and test error % per probe round
 and the accuracy of the pseudo-labels round 1 of `train_classifier` would get. Pick settings on validation.
 
@@ -24,7 +24,8 @@ import pandas as pd
 from transfer.config import load_params
 from transfer.data import Docs
 from transfer.pseudo import probe_teacher, select_pseudo_labels
-from transfer.stages import Paths, _lm_features, run_stage
+from transfer.stages import Workspace, run_stage
+from transfer.stages.self_training import lm_features
 from transfer.tokenizer import Tokenizer
 
 
@@ -39,7 +40,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None, help="probe rounds (default: self_train_rounds)")
     args = ap.parse_args()
 
-    src = Paths(args.workspace.resolve())
+    src = Workspace(args.workspace.resolve())
     params_path = args.params.resolve()
     base = load_params(params_path, args.set)
     cs = args.c or [base.classifier.probe_c]
@@ -48,7 +49,7 @@ def main() -> None:
     cache: dict[str, np.ndarray] = {}
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        paths = Paths(Path(tmp))
+        paths = Workspace(Path(tmp))
         for stage, name in [("tokenize", "spm.model")] + [("finetune_lm", f"lm-{d}.pt") for d in base.model.directions]:
             paths.art(stage).mkdir(parents=True, exist_ok=True)
             os.symlink(src.art(stage, name), paths.art(stage, name))
@@ -66,7 +67,7 @@ def main() -> None:
                 new = sorted({t for df in frames.values() for t in df["text"]} - cache.keys())
                 if new:
                     docs = Docs.from_lists(tok.encode(new))
-                    cache.update(zip(new, _lm_features(p, paths, tok.vocab_size, [docs])[0]))
+                    cache.update(zip(new, lm_features(p, paths, tok.vocab_size, [docs])[0]))
                 x = {s: np.stack([cache[t] for t in df["text"]]) for s, df in frames.items()}
                 y = {s: frames[s]["label"].map(index).to_numpy() for s in ("train", "valid", "test")}
                 truth = _unlabelled_truth(p, frames["unlabelled"], index)  # scoring the pseudo-labels only

@@ -25,7 +25,7 @@ from transfer.config import Params, load_params
 from transfer.errors import TransferError
 from transfer.io_utils import atomic_path, file_digest, write_csv, write_json
 from transfer.plots import plot_sample_efficiency
-from transfer.stages import Paths, run_stage, stage_inputs
+from transfer.stages import Workspace, run_stage, stage_inputs
 
 LM_PARTS = (("artifacts", "tokenize"), ("artifacts", "pretrain"), ("metrics", "tokenize.json"),
             ("metrics", "pretrain.json"))
@@ -54,7 +54,7 @@ def _link_parts(src_root: Path, dst_root: Path, parts: tuple[tuple[str, str], ..
 def general_lm(suite: Suite, root: Path, logger) -> tuple[Path, str]:
     """The general LM's workspace (built with the suite's base params if missing) and its identity (digest)."""
     base = load_params(suite.params, list(suite.overrides))
-    paths = Paths(root)
+    paths = Workspace(root)
     for stage in ("tokenize", "pretrain"):
         if not paths.metrics(stage).is_file():
             logger.info(f"general LM: {stage} in {root} (checkpointed; a rerun resumes)")
@@ -72,7 +72,7 @@ def general_lm(suite: Suite, root: Path, logger) -> tuple[Path, str]:
 
 def domain_lm(p: Params, ws: Path, general: Path, general_id: str, logger) -> float:
     """prepare + finetune_lm for a dataset (every budget shares them); returns the seconds it took (0: kept)."""
-    paths = Paths(ws)
+    paths = Workspace(ws)
     _link_parts(general, ws, LM_PARTS)
     run_stage("prepare", p, paths)
     key_path = ws / "metrics" / "finetune_lm.key"
@@ -91,7 +91,7 @@ def domain_lm(p: Params, ws: Path, general: Path, general_id: str, logger) -> fl
 
 def run_cell(p: Params, ws: Path, dataset_ws: Path) -> tuple[dict, dict, float]:
     """One budget x seed: its own prepared rows, classifiers and evaluation -> (prepare, evaluate, classifier s)."""
-    paths = Paths(ws)
+    paths = Workspace(ws)
     _link_parts(dataset_ws, ws, LM_PARTS + DOMAIN_PARTS)
     prep = run_stage("prepare", p, paths)
     t0 = time.perf_counter()

@@ -149,10 +149,11 @@ def lr_find(params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
     from transfer.config import load_params
 
     p = load_params(params, set_ or [])
-    from transfer.stages import lr_find_classifier
+    from transfer.stages import Workspace
+    from transfer.stages.classifier import lr_find
 
     with workspace_lock(lock_timeout):
-        rows = lr_find_classifier(p, direction=direction, num_it=num_it)
+        rows = lr_find(p, Workspace(), direction=direction, num_it=num_it)
     table = Table(title=f"classifier LR finder ({direction}); plot: plots/lr_find_{direction}.png")
     for col in ("phase", "trains", "configured peak lr", "suggested lr"):
         table.add_column(col, justify="right")
@@ -212,6 +213,29 @@ def predict(texts: list[str] = typer.Argument(..., help="One or more texts to cl
         rows = list(zip(out["label"], out["probability"]))
     for text, (label, prob) in zip(texts, rows):
         typer.echo(f"{label}\t{prob:.3f}\t{text[:80]}")
+
+
+@app.command("dvc-yaml")
+def dvc_yaml(params: Path = ParamsOpt, out: Path = typer.Option(Path("dvc.yaml"), "--out", help="File to write."),
+             check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 with a diff if the file "
+                                        "differs from what the stage records say.")) -> None:
+    """Write dvc.yaml from the stage records (transfer/stages/*.py): params, deps, code and outs of every stage."""
+    from transfer.config import load_params
+    from transfer.dvc_yaml import diff, render
+    from transfer.io_utils import atomic_path
+
+    p = load_params(params)
+    if check:
+        delta = diff(out, p)
+        if delta:
+            typer.echo(delta, nl=False)
+            console.print(f"{out} differs from the stage records: run `transfer dvc-yaml` and commit it")
+            raise typer.Exit(1)
+        console.print(f"{out} matches the stage records")
+        return
+    with atomic_path(out) as tmp:
+        tmp.write_text(render(p), encoding="utf-8")
+    console.print(f"wrote {out}")
 
 
 @app.command()

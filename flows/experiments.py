@@ -22,7 +22,7 @@ from tasks.tracking import ensure_experiment, log_figure_png, metric_key, start_
 from transfer.config import Params, load_params
 from transfer.io_utils import write_csv, write_json
 from transfer.plots import plot_sample_efficiency
-from transfer.stages import Paths, stage_inputs
+from transfer.stages import Workspace, stage_inputs
 
 DEFAULT_BUDGETS = ["100", "200", "500", "1000", "all"]
 
@@ -63,7 +63,7 @@ def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | 
     logger = get_run_logger()
     budgets, seeds = budgets or DEFAULT_BUDGETS, seeds if seeds is not None else [0, 1, 2]
     root_path = Path(root).resolve()
-    paths = Paths(root_path)
+    paths = Workspace(root_path)
     base = load_params(root_path / params_path, overrides or [])
     ensure_demo_data(base, root_path)
 

@@ -7,12 +7,13 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
+from tasks import dvc_state
 from tasks.cache import cache_dir
 from tasks.pipeline import RETRIES, log_stage, promote_task, register_classifier, stage_task, transient_only
 from tasks.tracking import ensure_experiment, start_pipeline_run
 from transfer.config import Params, load_params
 from transfer.demo import make_demo
-from transfer.stages import STAGES, Paths, stage_inputs, stage_params
+from transfer.stages import STAGES, Workspace
 
 DEMO_DIR = Path("data/demo")
 
@@ -52,12 +53,17 @@ def ulmfit_flow(params_path: str = "params.yaml", overrides: list[str] | None = 
     root_path = Path(root).resolve()
     p = load_params(root_path / params_path, overrides or [])
     ensure_demo_data(p, root_path)
-    paths = Paths(root_path)
+    paths = Workspace(root_path)
+    # dvc.lock describes params.yaml: a run with overrides or another params file leaves it alone
+    dvc = not overrides and (root_path / params_path).resolve() == root_path / "params.yaml" and \
+        dvc_state.is_dvc_project(root_path)
+    if dvc and not dvc_state.up_to_date(root_path, "demo_data"):
+        dvc_state.commit(root_path, "demo_data")
     summary: dict = {"run_name": run_name(p), "stages": {}}
     experiment_id = ensure_experiment(p.mlflow.experiment, root_path / p.mlflow.artifact_location)
     with start_pipeline_run(run_name(p), p.to_dict(), experiment_id=experiment_id) as parent:
         summary["mlflow_run_id"] = parent.info.run_id
-        results, summary["stages"] = run_stage_tasks(p, paths)
+        results, summary["stages"] = run_stage_tasks(p, paths, dvc=dvc)
         evaluation = results["evaluate"]
         summary["variants"] = evaluation["variants"]
         summary["champion_candidate"] = evaluation["champion_candidate"]
@@ -85,7 +91,7 @@ def _registered(p: Params) -> bool:
                                                                                 max_results=1))
 
 
-def run_stage_tasks(p: Params, paths: Paths, log_to_mlflow: bool = True) -> tuple[dict, dict]:
+def run_stage_tasks(p: Params, paths: Workspace, log_to_mlflow: bool = True, dvc: bool = False) -> tuple[dict, dict]:
     """Every stage in order as a cached task -> (metrics by stage, {stage: {state, seconds}})."""
     logger = get_run_logger()
     results, states = {}, {}
@@ -93,8 +99,7 @@ def run_stage_tasks(p: Params, paths: Paths, log_to_mlflow: bool = True) -> tupl
         t0 = time.perf_counter()
         task = stage_task.with_options(name=stage, task_run_name=stage, retries=RETRIES[stage], retry_delay_seconds=5,
                                        retry_condition_fn=transient_only)
-        state = task(stage, stage_params(p, stage), _content_inputs(p, stage, paths), p, paths.root,
-                     return_state=True)
+        state = task(stage, p, paths.root, dvc, return_state=True)
         result = state.result()
         if log_to_mlflow:
             log_stage(stage, p, result, state.name == "Cached", paths.root)
@@ -102,12 +107,6 @@ def run_stage_tasks(p: Params, paths: Paths, log_to_mlflow: bool = True) -> tupl
         states[stage] = dict(state=state.name, seconds=time.perf_counter() - t0)
         logger.info(f"{stage}: {state.name} in {states[stage]['seconds']:.1f}s")
     return results, states
-
-
-def _content_inputs(p: Params, stage: str, paths: Paths) -> list[Path]:
-    """Input files as Paths, so the cache key hashes their bytes (a folder is hashed as a tree)."""
-    return [Path(x).resolve() if Path(x).is_absolute() else (paths.root / x).resolve()
-            for x in stage_inputs(p, stage, paths)]
 
 
 def run_pipeline(params_path: str = "params.yaml", overrides: list[str] | None = None, root: str | Path = ".",

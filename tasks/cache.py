@@ -27,7 +27,7 @@ import enum
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
 from prefect.utilities.hashing import hash_objects
 
 from transfer.io_utils import file_digest
+from transfer.stages.record import module_closure  # noqa: F401  (re-exported: the closure a cache key hashes)
 
 __all__ = [
     "ContentCachePolicy",
@@ -86,40 +87,6 @@ def content_digest(path: str | Path) -> str:
             file = Path(root, name)
             h.update(f"{file.relative_to(path).as_posix()}\0{_file_sha256(file)}\n".encode())
     return "dir:" + h.hexdigest()
-
-
-def module_closure(package_dir: str | Path, entry: str) -> dict[str, Path]:
-    """Module name -> source file of `entry` and of every module of its package that it imports, transitively.
-
-    Read from the source (import statements anywhere, functions included), not from what happens to be
-    imported, so a stage's cache key covers the code the stage can run and no more: editing a module only the
-    CLI or `transfer status` imports reruns nothing. Packages' `__init__.py` files count, as Python runs them.
-    """
-    root = Path(package_dir)
-    package = root.name
-
-    def source(name: str) -> Path | None:
-        base = root.joinpath(*name.split(".")[1:])
-        return next((c for c in (base / "__init__.py", base.with_suffix(".py")) if c.is_file()), None)
-
-    found: dict[str, Path] = {}
-    todo = [entry]
-    while todo:
-        name = todo.pop()
-        if name in found or name.split(".")[0] != package or (path := source(name)) is None:
-            continue  # seen, another package's, or an attribute (`from transfer.x import function`)
-        found[name] = path
-        todo += [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]  # parent packages
-        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]  # the package of `name`
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                todo += [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
-                todo += [base] + [f"{base}.{a.name}" for a in node.names]
-    return dict(sorted(found.items()))
 
 
 def _canonical(value: Any, *, location: bool = False) -> Any:
@@ -187,6 +154,7 @@ class ContentCachePolicy(CachePolicy):
 
     outputs: tuple[str, ...] | None = None
     exclude: tuple[str, ...] = ()
+    parts: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # inputs -> what to key on instead of them
 
     def _is_output(self, name: str) -> bool:
         return name.startswith("out") if self.outputs is None else name in self.outputs
@@ -199,11 +167,14 @@ class ContentCachePolicy(CachePolicy):
         **kwargs: Any,
     ) -> str | None:
         source = TASK_SOURCE.compute_key(task_ctx=task_ctx, inputs=inputs, flow_parameters=flow_parameters, **kwargs)
-        canonical = {
-            name: _canonical(value, location=self._is_output(name))
-            for name, value in (inputs or {}).items()
-            if name not in self.exclude
-        }
+        if self.parts is not None:
+            canonical = _canonical(self.parts(inputs or {}))
+        else:
+            canonical = {
+                name: _canonical(value, location=self._is_output(name))
+                for name, value in (inputs or {}).items()
+                if name not in self.exclude
+            }
         blob = json.dumps([source, canonical], sort_keys=True, separators=(",", ":"), allow_nan=True)
         key = hashlib.sha256(blob.encode()).hexdigest()
         if task_ctx is not None and task_ctx.result_store is not None:
@@ -215,9 +186,12 @@ class ContentCachePolicy(CachePolicy):
         raise TypeError("ContentCachePolicy already includes the task source; it does not compose with `+`")
 
 
-def content_cache_policy(outputs: Iterable[str] | None = None, exclude: Iterable[str] = ()) -> ContentCachePolicy:
-    """The cache policy for pipeline tasks; use with `@task(cache_policy=..., persist_result=True)`."""
-    return ContentCachePolicy(outputs=None if outputs is None else tuple(outputs), exclude=tuple(exclude))
+def content_cache_policy(outputs: Iterable[str] | None = None, exclude: Iterable[str] = (),
+                         parts: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> ContentCachePolicy:
+    """The cache policy for pipeline tasks; use with `@task(cache_policy=..., persist_result=True)`.
+    `parts` maps the task's arguments to what the key covers (a Path there is hashed by content)."""
+    return ContentCachePolicy(outputs=None if outputs is None else tuple(outputs), exclude=tuple(exclude),
+                              parts=parts)
 
 
 @contextlib.contextmanager

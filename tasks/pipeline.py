@@ -10,15 +10,15 @@ from typing import Any
 import mlflow
 from prefect import task
 
-import transfer
 
-from tasks.cache import content_cache_policy, module_closure, record_outputs
+from tasks import dvc_state
+from tasks.cache import content_cache_policy, record_outputs
 from tasks.registry import Decision, promote
 from tasks.tracking import log_figure_png, log_metrics_history, metric_key, stage_run, step_metrics_listener
 from transfer import progress
 from transfer.config import Params, flatten
 from transfer.errors import TransferError
-from transfer.stages import Paths, run_stage, stage_inputs, stage_outputs, stage_params
+from transfer.stages import STAGES, Workspace, run_stage, stage_inputs, stage_params
 
 __all__ = ["stage_task", "log_stage", "register_classifier", "promote_task", "RETRIES", "transient_only"]
 
@@ -26,12 +26,6 @@ __all__ = ["stage_task", "log_stage", "register_classifier", "promote_task", "RE
 # its last checkpoint, so one retry of a training stage costs at most `checkpoint_every` steps
 RETRIES = {"prepare": 2, "tokenize": 2, "pretrain": 1, "finetune_lm": 1, "train_classifier": 1, "evaluate": 1}
 
-PLOTS = {
-    "pretrain": ["pretrain_loss.png"], "finetune_lm": ["finetune_lm_loss.png"],
-    "train_classifier": ["classifier_loss.png", "lr_schedule.png"], "evaluate": ["confusion.png"],
-}
-HISTORY = {"pretrain": "pretrain_history.csv", "finetune_lm": "finetune_lm_history.csv",
-           "train_classifier": "classifier_history.csv"}
 
 
 def transient_only(task, task_run, state) -> bool:
@@ -46,19 +40,29 @@ def transient_only(task, task_run, state) -> bool:
     return True
 
 
-# hashed into every key: a fix in code a stage can run reruns the stages; an edit of `transfer/status.py` does not
-LIBRARY = module_closure(Path(transfer.__file__).parent, "transfer.stages")
+def stage_key(args: dict[str, Any]) -> dict[str, Any]:
+    """What a stage's cached result depends on, from its record: the params it reads, its inputs' bytes (Paths are
+    hashed by content), the code it runs (its own import closure) and where it writes (by location)."""
+    stage, p, root = STAGES[args["stage"]], args["params"], Path(args["root"]).resolve()
+    ws = Workspace(root)
+    inputs = [Path(x) if Path(x).is_absolute() else root / x for x in stage.deps(p, ws)]
+    return {"stage": stage.name, "params": stage.params(p), "inputs": inputs, "code": stage.code_digest(),
+            "root": str(root)}
 
 
-@task(cache_policy=content_cache_policy(outputs=("root",), exclude=("params",)), persist_result=True,
-      result_serializer="json")
-def stage_task(stage: str, section: dict, inputs: list[Path], params: Params, root: Path,
-               code: dict[str, Path] = LIBRARY) -> dict[str, Any]:
-    """Run one stage. Cached on: the stage, its params section, its inputs' bytes, `code` and this source."""
-    paths = Paths(root)
-    with progress.subscribe(step_metrics_listener()):
-        metrics = run_stage(stage, params, paths)
-    return record_outputs(stage_outputs(params, stage, paths), stage=stage, metrics=metrics)
+@task(cache_policy=content_cache_policy(parts=stage_key), persist_result=True, result_serializer="json")
+def stage_task(stage: str, params: Params, root: Path, dvc: bool = False) -> dict[str, Any]:
+    """Run one stage; cached on `stage_key` and this source. dvc: a DVC project's lock is shared with DVC (a stage
+    DVC finished is reused, not rerun; a stage run here is committed to dvc.lock and the DVC cache)."""
+    ws, record = Workspace(root), STAGES[stage]
+    if dvc and dvc_state.up_to_date(Path(root), stage):
+        metrics = json.loads(record.result(ws).read_text())
+    else:
+        with progress.subscribe(step_metrics_listener()):
+            metrics = run_stage(stage, params, ws)
+        if dvc:
+            dvc_state.commit(Path(root), stage)
+    return record_outputs(record.outs(params, ws), stage=stage, metrics=metrics)
 
 
 def _history_rows(path: Path) -> list[dict]:
@@ -75,7 +79,7 @@ def _history_rows(path: Path) -> list[dict]:
 
 def log_stage(stage: str, params: Params, result: dict, cached: bool, root: Path) -> str:
     """A nested MLflow run for the stage: params section, input digests, metrics, curves, plots."""
-    paths = Paths(root)
+    paths = Workspace(root)
     # a cache hit logs params and metrics only: its inputs, curves and plots are in the run that computed it
     inputs = {} if cached else {str(p): p for p in stage_inputs(params, stage, paths) if p.exists()}
     with stage_run(stage, stage_params(params, stage), inputs=inputs) as run:
@@ -86,9 +90,10 @@ def log_stage(stage: str, params: Params, result: dict, cached: bool, root: Path
             mlflow.log_metrics(scalars)
         if cached:
             return run.info.run_id
-        if stage in HISTORY:
-            log_metrics_history(_history_rows(paths.plot(HISTORY[stage])), step_key="row")
-        for png in PLOTS.get(stage, []):
+        record = STAGES[stage]
+        if record.history:
+            log_metrics_history(_history_rows(paths.plot(record.history)), step_key="row")
+        for png in record.plots:
             if paths.plot(png).exists():
                 log_figure_png(paths.plot(png), f"plots/{png}")
         if stage == "prepare":
@@ -114,7 +119,7 @@ def register_classifier(params: Params, evaluation: dict, root: Path) -> tuple[s
     import pandas as pd
     from tasks import pyfunc_model
 
-    paths = Paths(root)
+    paths = Workspace(root)
     bundle = paths.art("train_classifier", "model")
     example = pd.DataFrame({"text": ["an example document to classify"]})
     classes = json.loads((bundle / "meta.json").read_text())["classes"]

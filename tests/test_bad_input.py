@@ -380,15 +380,15 @@ def template(tmp_path_factory) -> Path:
     from mlflow import MlflowClient
 
     from transfer.config import load_params
-    from transfer.stages import Paths, prepare, tokenize
+    from transfer.stages import Workspace, run_stage
 
     ws = make_workspace(tmp_path_factory.mktemp("bad-input") / "template")
     cwd = os.getcwd()
     os.chdir(ws)  # params name data files relative to the workspace
     try:
         p = load_params("params.yaml")
-        prepare(p, Paths(ws))
-        tokenize(p, Paths(ws))
+        run_stage("prepare", p, Workspace(ws))
+        run_stage("tokenize", p, Workspace(ws))
     finally:
         os.chdir(cwd)
     MlflowClient(tracking_uri=f"sqlite:///{ws / 'mlflow.db'}").search_experiments()  # creates the tables

@@ -22,7 +22,7 @@ import yaml
 
 from tests.conftest import REPO, make_workspace
 from transfer.config import load_params
-from transfer.stages import STAGES, stage_inputs, stage_outputs, stage_params
+from transfer.stages import STAGES
 
 pytestmark = pytest.mark.slow
 
@@ -134,8 +134,10 @@ def test_classifier_param_reruns_only_classifier_and_evaluate(pipeline):
 
 @pytest.mark.parametrize("module, stages", [
     ("schedules.py", {"pretrain", "finetune_lm", "train_classifier", "evaluate"}),
-    ("tokenizer.py", {"tokenize", "pretrain", "finetune_lm", "train_classifier", "evaluate"}),
+    ("model.py", {"pretrain", "finetune_lm", "train_classifier", "evaluate"}),
+    ("tokenizer.py", {"prepare", "tokenize", "pretrain", "finetune_lm", "train_classifier", "evaluate"}),
     ("evaluate.py", {"train_classifier", "evaluate"}),
+    ("hygiene.py", {"prepare"}),
     ("demo.py", {"demo_data"}),  # downstream stages then rerun only if the regenerated data differ
     ("plots.py", set()),  # restyling a PNG retrains nothing
 ])
@@ -224,25 +226,70 @@ def test_corpus_under_dvc_push_then_pull_restores_identical_bytes(tmp_path):
     assert repo.status() == {}
 
 
-def test_dvc_yaml_matches_the_stage_functions():
-    """params/deps/outs in dvc.yaml agree with stage_params / stage_inputs / stage_outputs (default params.yaml)."""
-    spec = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+def test_dvc_yaml_is_generated_from_the_stage_records(monkeypatch):
+    """`transfer dvc-yaml --check` passes on the repo, and fails with a readable diff once a record changes."""
+    import dataclasses
+
+    from transfer import dvc_yaml
+    from transfer.stages import STAGES
+
+    check = subprocess.run([str(BIN / "transfer"), "dvc-yaml", "--check"], cwd=REPO, capture_output=True, text=True,
+                           timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
     p = load_params(REPO / "params.yaml")
-    assert list(spec) == PIPELINE
-    covers = lambda paths, f: any(f == Path(x) or Path(x) in f.parents for x in paths)  # noqa: E731
-    for stage in STAGES:
-        s = spec[stage]
-        assert s["cmd"] == f"transfer stage {stage}"
-        want = []  # a whole section by name, single keys as section.key
-        for sec, keys in stage_params(p, stage).items():
-            want += [sec] if keys == p.section(sec) else [f"{sec}.{k}" for k in keys]
-        assert sorted(s["params"]) == sorted(want), stage
-        for f in stage_inputs(p, stage):
-            assert covers(s["deps"], f), f"{stage}: input {f} is not a dep"
-        outs = [next(iter(o)) if isinstance(o, dict) else o for o in s.get("outs", []) + s.get("metrics", [])]
-        for f in stage_outputs(p, stage):
-            assert covers(outs, f), f"{stage}: output {f} is not an out"
-        for dep in s["deps"]:
-            if dep.startswith("transfer/"):
-                assert (REPO / dep).exists(), f"{stage}: code dep {dep} does not exist"
-        assert s.get("metrics", []) == ([{"metrics/evaluate.json": {"cache": False}}] if stage == "evaluate" else [])
+    spec = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert list(spec) == PIPELINE and all(spec[s]["cmd"] == f"transfer stage {s}" for s in STAGES)
+    for stage in STAGES:  # every code dep exists, and the figures module is none of them
+        code = [d for d in spec[stage]["deps"] if d.startswith("transfer/")]
+        assert code and all((REPO / d).is_file() for d in code) and "transfer/plots.py" not in code, stage
+
+    renamed = dataclasses.replace(STAGES["tokenize"], params=lambda q: {"tokenizer": q.section("tokenizer")})
+    monkeypatch.setitem(STAGES, "tokenize", renamed)
+    delta = dvc_yaml.diff(REPO / "dvc.yaml", p)
+    assert "-      - data.general\n" in delta and "(from the stage records)" in delta, delta
+
+
+def _mtimes(root: Path) -> dict[str, int]:
+    return {str(f.relative_to(root)): f.stat().st_mtime_ns for f in sorted((root / "artifacts").rglob("*"))
+            if f.is_file()}
+
+
+def _flow(repo: Repo) -> subprocess.CompletedProcess:
+    env = {**repo.env, "PREFECT_HOME": str(repo.root.parent / "prefect-home"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{repo.root.parent / 'mlflow.db'}"}
+    return _run([str(BIN / "transfer"), "run", "--no-promote"], repo.root, env)
+
+
+def test_one_state_for_both_engines(pipeline):
+    """After `dvc repro`, `transfer run` trains nothing; a figures edit keeps both engines cached; a model edit
+    retrains pretrain (not from its old checkpoint) under `transfer run`, which records it for DVC. Runs last:
+    it leaves the repo re-committed, with the model edit undone."""
+    import torch
+
+    repo, *_ = pipeline
+    before = _mtimes(repo.root)
+    _flow(repo)
+    assert _mtimes(repo.root) == before  # every stage was up to date in dvc.lock: nothing rewritten
+    assert repo.status() == {}
+
+    plots, model = repo.root / "transfer" / "plots.py", repo.root / "transfer" / "model.py"
+    originals = {f: f.read_bytes() for f in (plots, model)}
+    try:
+        plots.write_bytes(originals[plots] + b"\n# restyled\n")
+        _flow(repo)
+        assert _mtimes(repo.root) == before and repo.status() == {}
+
+        ckpt = repo.root / "artifacts" / "pretrain" / "checkpoint-fwd.pt"
+        old = torch.load(ckpt, weights_only=True)["fingerprint"]
+        model.write_bytes(originals[model] + b"\n# a fix\n")
+        assert {"pretrain", "finetune_lm", "train_classifier", "evaluate"} <= set(repo.status())
+        _flow(repo)
+        assert torch.load(ckpt, weights_only=True)["fingerprint"] != old  # retrained, not resumed as done
+        after = _mtimes(repo.root)
+        assert after["artifacts/pretrain/lm-fwd.pt"] != before["artifacts/pretrain/lm-fwd.pt"]
+        assert after["artifacts/tokenize/spm.model"] == before["artifacts/tokenize/spm.model"]
+        assert repo.status() == {}  # the flow committed what it built
+    finally:
+        for f, data in originals.items():
+            f.write_bytes(data)
+        repo.dvc("commit", "-f", "-q")

@@ -56,7 +56,7 @@ def test_calibration_keeps_an_overconfident_member_from_dominating():
 
 
 def test_select_members_never_averages_in_a_member_at_chance():
-    from transfer.stages import select_members
+    from transfer.stages.self_training import select_members
 
     rng = np.random.default_rng(0)
     y = rng.integers(0, 4, 400)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from transfer.config import load_params
 from transfer.io_utils import file_digest
-from transfer.stages import Paths, run_stage
+from transfer.stages import Workspace, run_stage
 
 
 def _artifacts(ws) -> dict[str, str]:
@@ -23,7 +23,7 @@ def test_sweeps_before_every_phase_and_changes_no_stage_output(workspace):
                  "evaluate.variants=[tfidf,ulmfit_fwd]"]
     p = load_params(workspace / "params.yaml", overrides)
     for stage in ("prepare", "tokenize", "pretrain", "finetune_lm"):
-        run_stage(stage, p, Paths(workspace))
+        run_stage(stage, p, Workspace(workspace))
     before = _artifacts(workspace)
 
     args = ["lr-find", "--num-it", "40", *[a for o in overrides for a in ("-S", o)]]

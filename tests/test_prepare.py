@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from transfer.config import load_params
-from transfer.stages import Paths, run_stage
+from transfer.stages import Workspace, run_stage
 
 
 def _texts(ws, name: str) -> set[str]:
@@ -13,7 +13,7 @@ def _texts(ws, name: str) -> set[str]:
 
 
 def test_domain_corpus_holds_every_training_text_and_no_validation_or_test_text(workspace):
-    run_stage("prepare", load_params(workspace / "params.yaml", ["data.max_train_labels=40"]), Paths(workspace))
+    run_stage("prepare", load_params(workspace / "params.yaml", ["data.max_train_labels=40"]), Workspace(workspace))
     domain = set((workspace / "artifacts/prepare/domain.txt").read_text().splitlines())
     train, unlabelled = _texts(workspace, "train.csv"), _texts(workspace, "unlabelled.csv")
     valid, test = _texts(workspace, "valid.csv"), _texts(workspace, "test.csv")
@@ -24,7 +24,7 @@ def test_domain_corpus_holds_every_training_text_and_no_validation_or_test_text(
 
 def test_transductive_flag_adds_the_validation_and_test_texts(workspace):
     p = load_params(workspace / "params.yaml", ["data.domain_include_test=true"])
-    assert run_stage("prepare", p, Paths(workspace))["domain_include_test"] is True
+    assert run_stage("prepare", p, Workspace(workspace))["domain_include_test"] is True
     domain = set((workspace / "artifacts/prepare/domain.txt").read_text().splitlines())
     held_out = _texts(workspace, "valid.csv") | _texts(workspace, "test.csv")
     assert domain == _texts(workspace, "train.csv") | held_out
@@ -53,7 +53,7 @@ def test_copies_of_a_text_never_straddle_the_splits_prepare_makes(workspace):
     copies["text"] = ["  " + t.upper() + " " for t in copies["text"]]  # the same text after normalising
     _write(workspace, pd.concat([df, copies, df.iloc[30:40]], ignore_index=True))
     p = load_params(workspace / "params.yaml", ["data.test_frac=0.3", "data.valid_frac=0.2"])
-    run_stage("prepare", p, Paths(workspace))
+    run_stage("prepare", p, Workspace(workspace))
     from transfer.hygiene import normalise
 
     sides = {n: {normalise(t) for t in _texts(workspace, f"{n}.csv")} for n in ("train", "valid", "test")}
@@ -89,16 +89,16 @@ def test_conflicting_labels_fail_by_default_naming_the_rows_and_drop_or_majority
     n = len(df)
     with pytest.raises(TransferError, match=rf"train.csv: 2 texts carry conflicting labels.*data row {n + 1} "
                                             rf"'{labels[0]}', data row {n + 2} '{labels[0]}', data row {n + 3}"):
-        run_stage("prepare", load_params(workspace / "params.yaml"), Paths(workspace))
+        run_stage("prepare", load_params(workspace / "params.yaml"), Workspace(workspace))
     assert not (workspace / "artifacts/prepare").exists()
 
-    run_stage("prepare", load_params(workspace / "params.yaml", ["data.on_conflict=drop"]), Paths(workspace))
+    run_stage("prepare", load_params(workspace / "params.yaml", ["data.on_conflict=drop"]), Workspace(workspace))
     kept = {t.casefold() for n in ("train", "valid", "test") for t in _texts(workspace, f"{n}.csv")}
     assert "the same words" not in kept and "a tie" not in kept
     assert _report(workspace)["rows_dropped"]["train"] == {"conflicting_label": 5}
 
     metrics = run_stage("prepare", load_params(workspace / "params.yaml", ["data.on_conflict=majority"]),
-                        Paths(workspace))
+                        Workspace(workspace))
     rows = pd.concat([pd.read_csv(workspace / "artifacts/prepare" / f"{n}.csv", dtype=str) for n in ("train", "valid", "test")])
     same = rows[rows["text"].str.casefold().str.split().str.join(" ") == "the same words"]
     assert len(same) == 2 and set(same["label"]) == {labels[0]}  # 2 votes to 1; one side of the split
@@ -111,7 +111,7 @@ def test_control_characters_become_spaces_and_are_counted(workspace):
     df.loc[5, "text"] = "nul\x00inside and a bell\x07 too"
     df.loc[6, "text"] = df.loc[6, "text"] + "\x1b[31m"
     _write(workspace, df)
-    metrics = run_stage("prepare", load_params(workspace / "params.yaml"), Paths(workspace))
+    metrics = run_stage("prepare", load_params(workspace / "params.yaml"), Workspace(workspace))
     out = workspace / "artifacts/prepare"
     written = "".join((out / f).read_text() for f in ("train.csv", "valid.csv", "test.csv", "domain.txt"))
     assert "\x00" not in written and "\x07" not in written and "\x1b" not in written

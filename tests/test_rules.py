@@ -10,7 +10,7 @@ import torch
 
 from transfer.config import load_params
 from transfer.rules import apply, data_stats, resolve
-from transfer.stages import Paths, run_stage
+from transfer.stages import Workspace, run_stage
 from transfer.train import class_weights
 
 
@@ -35,7 +35,7 @@ def test_rules_follow_length_size_balance_and_unlabelled_texts(workspace):
 
 def test_prepare_records_the_rules_and_the_classifier_stages_read_them(workspace):
     p = load_params(workspace / "params.yaml", ["data.rules=true"])
-    paths = Paths(workspace)
+    paths = Workspace(workspace)
     run_stage("prepare", p, paths)
     prepared = json.loads(paths.metrics("prepare").read_text())
     train = pd.read_csv(paths.art("prepare", "train.csv"))

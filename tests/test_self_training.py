@@ -15,7 +15,7 @@ from transfer.errors import TransferError
 from transfer.evaluate import Predictor, save_classifier
 from transfer.model import AWDLSTMConfig
 from transfer.pseudo import probe_teacher, select_pseudo_labels
-from transfer.stages import Paths, run_stage
+from transfer.stages import Workspace, run_stage
 from transfer.train import load_checkpoint
 
 
@@ -89,7 +89,7 @@ def test_a_probe_teacher_replaces_round_0(workspace):
     budget = ["data.max_train_labels=40", "classifier.self_train_rounds=1", "classifier.pseudo_label_frac=0.5",
               "classifier.self_train_teacher=probe"]
     p = load_params(workspace / "params.yaml", budget)
-    paths = Paths(workspace)
+    paths = Workspace(workspace)
     for stage in ("prepare", "tokenize", "pretrain", "finetune_lm", "train_classifier"):
         run_stage(stage, p, paths)
     unlabelled = pd.read_csv(paths.art("prepare", "unlabelled.csv"))
@@ -105,7 +105,7 @@ def test_a_probe_teacher_replaces_round_0(workspace):
 def test_label_budget_stages_self_train_on_the_unlabelled_rows(workspace):
     budget = ["data.max_train_labels=40", "classifier.self_train_rounds=1", "classifier.pseudo_label_frac=0.5"]
     p = load_params(workspace / "params.yaml", budget)
-    paths = Paths(workspace)
+    paths = Workspace(workspace)
     prep = run_stage("prepare", p, paths)
 
     read = lambda name: pd.read_csv(paths.art("prepare", name), dtype=str, keep_default_na=False)  # noqa: E731
@@ -136,7 +136,7 @@ def test_label_budget_stages_self_train_on_the_unlabelled_rows(workspace):
 
 def test_all_labels_leave_nothing_to_self_train_on(workspace):
     p = load_params(workspace / "params.yaml", ["classifier.self_train_rounds=2"])
-    paths = Paths(workspace)
+    paths = Workspace(workspace)
     run_stage("prepare", p, paths)
     assert pd.read_csv(paths.art("prepare", "unlabelled.csv")).empty
     for stage in ("tokenize", "pretrain", "finetune_lm", "train_classifier"):
@@ -151,7 +151,7 @@ def torch_equal(a, b) -> bool:
 
 def test_adding_a_direction_keeps_the_finished_one(workspace):
     """A direction's checkpoints depend on its own inputs only: adding bwd resumes fwd's finished runs."""
-    paths = Paths(workspace)
+    paths = Workspace(workspace)
     fwd = load_params(workspace / "params.yaml", ["model.directions=[fwd]", "evaluate.variants=[tfidf, ulmfit_fwd]"])
     for stage in ("prepare", "tokenize", "pretrain", "finetune_lm"):
         run_stage(stage, fwd, paths)
@@ -167,7 +167,7 @@ def test_adding_a_direction_keeps_the_finished_one(workspace):
 def test_members_are_seeded_apart_and_the_bundle_averages_them(workspace):
     one_direction = ["model.directions=[fwd]", "evaluate.variants=[tfidf,ulmfit_fwd]"]
     p = load_params(workspace / "params.yaml", ["classifier.members=2", *one_direction])
-    paths = Paths(workspace)
+    paths = Workspace(workspace)
     for stage in ("prepare", "tokenize", "pretrain", "finetune_lm", "train_classifier"):
         run_stage(stage, p, paths)
     bundle = paths.art("train_classifier", "model")

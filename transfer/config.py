@@ -229,10 +229,12 @@ class PretrainParams(LMTrainParams):
 class FinetuneLMParams(LMTrainParams):
     epochs: int = 2  # all layer groups trainable
     freeze_epochs: int = 1  # run first, before `epochs`: only the last layer group trains
+    valid_frac: float = 0.1  # share of the domain stream (its end) held out to report perplexity
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _at_least(self.freeze_epochs, "freeze_epochs", 0)
+        _fraction(self.valid_frac, "valid_frac")
 
 
 @dataclass(frozen=True)
@@ -252,6 +254,8 @@ class ClassifierParams(TrainParams):
     probe_c: float = 0.003  # the probe's inverse L2 strength, on standardised features
     members: int = 1  # classifiers per direction, member i seeded seed + 1000 * i; the ulmfit variants average them
     class_weights: bool = False  # weight the loss by inverse class frequency (imbalanced classes)
+    min_steps_per_epoch: int = 10  # few labels: the batch shrinks (to no less than min_bs) so an epoch has this many
+    min_bs: int = 8
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -273,6 +277,8 @@ class ClassifierParams(TrainParams):
             _require(all(m > 0 for m in self.unfreeze_lr_mult), "unfreeze_lr_mult",
                      f"must be positive, got {self.unfreeze_lr_mult!r}")
         _at_least(self.min_steps_per_phase, "min_steps_per_phase", 0)
+        _at_least(self.min_steps_per_epoch, "min_steps_per_epoch", 1)
+        _at_least(self.min_bs, "min_bs", 1)
 
     @property
     def epochs(self) -> int:
@@ -285,6 +291,7 @@ class EvaluateParams:
     variants: list[str] = field(default_factory=lambda: ["tfidf", "ulmfit_fwd", "ulmfit_bwd", "ulmfit_ensemble",
                                                           "ulmfit+tfidf"])
     batch_size: int = 64  # documents per inference batch
+    tfidf_c: float = 10.0  # the TF-IDF baseline's inverse L2 strength (logistic regression C)
 
     def __post_init__(self) -> None:
         _require(len(self.variants) > 0, "variants", "must name at least one variant")
@@ -292,6 +299,7 @@ class EvaluateParams:
             _one_of(v, "variants", VARIANTS)
         _require(len(set(self.variants)) == len(self.variants), "variants", f"has a repeated entry: {self.variants!r}")
         _at_least(self.batch_size, "batch_size", 1)
+        _require(self.tfidf_c > 0, "tfidf_c", f"must be > 0, got {self.tfidf_c!r}")
 
 
 @dataclass(frozen=True)

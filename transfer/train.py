@@ -400,7 +400,7 @@ def _try_resume(path: Path, fingerprint: str) -> dict | None:
         warnings.warn(f"ignoring unreadable checkpoint, starting fresh: {e}")
         return None
     if ck.get("fingerprint") != fingerprint:
-        warnings.warn(f"{path}: checkpoint is from different params or data, starting fresh")
+        warnings.warn(f"{path}: checkpoint is from different params, data or code, starting fresh")
         return None
     return ck
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from transfer.config import load_params
-from transfer.stages import Paths, run_stage
+from transfer.stages import Workspace, run_stage
 
 torch.set_num_threads(1)  # run.sh starts 15 cells at once on one machine
 
@@ -29,7 +29,7 @@ p = load_params(base / "params.yaml", ov)
 for d in ("tokenize", "finetune_lm"):
     if not (cell / "artifacts" / d).exists():
         (cell / "artifacts" / d).symlink_to(base / "artifacts" / d)
-paths = Paths(cell)
+paths = Workspace(cell)
 t0 = time.time()
 prep = run_stage("prepare", p, paths)
 clas = run_stage("train_classifier", p, paths)

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 from transfer.config import load_params
-from transfer.stages import Paths, run_stage
+from transfer.stages import Workspace, run_stage
 
 base = Path(sys.argv[1]).resolve()
 data = Path(os.environ["DATA"]).resolve()
 p = load_params(base / "params.yaml", [f"data.train={data}/train.csv", f"data.test={data}/test.csv", *sys.argv[2:]])
-paths = Paths(base)
+paths = Workspace(base)
 run_stage("prepare", p, paths)
 t0 = time.time()
 print("finetune_lm", run_stage("finetune_lm", p, paths), "wall_s", round(time.time() - t0, 1), flush=True)

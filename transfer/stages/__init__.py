@@ -1,0 +1,49 @@
+"""The pipeline's stages, one module each, every one a `Stage` record (record.py) beside its body.
+
+`transfer stage NAME` and `dvc repro` (dvc.yaml is generated from the records: `transfer dvc-yaml`) and the
+Prefect tasks (tasks/pipeline.py) all run `run_stage`. Every stage reads its inputs from, and writes its outputs
+to, fixed paths of a `Workspace`; outputs are written atomically, the metrics file last.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transfer.config import Params
+from transfer.errors import TransferError
+from transfer.stages import evaluate, finetune_lm, prepare, pretrain, tokenize, train_classifier
+from transfer.stages.record import Stage
+from transfer.stages.workspace import Workspace
+
+__all__ = ["STAGES", "Stage", "Workspace", "run_stage", "stage_params", "stage_inputs", "stage_outputs"]
+
+STAGES: dict[str, Stage] = {m.STAGE.name: m.STAGE for m in (prepare, tokenize, pretrain, finetune_lm,
+                                                              train_classifier, evaluate)}
+
+
+def _stage(name: str) -> Stage:
+    if name not in STAGES:
+        raise TransferError(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
+    return STAGES[name]
+
+
+def stage_params(p: Params, stage: str) -> dict:
+    """The params a stage's output depends on (its cache key, and dvc.yaml's `params:`)."""
+    return _stage(stage).params(p)
+
+
+def stage_inputs(p: Params, stage: str, ws: Workspace | None = None) -> list[Path]:
+    """Files and folders whose content a stage's output depends on (besides params and code)."""
+    return _stage(stage).deps(p, ws or Workspace())
+
+
+def stage_outputs(p: Params, stage: str, ws: Workspace | None = None) -> list[Path]:
+    """What a finished stage leaves behind (checked before a cached result is trusted), its metrics file last."""
+    return _stage(stage).outs(p, ws or Workspace())
+
+
+def run_stage(name: str, p: Params, ws: Workspace | None = None) -> dict:
+    stage, ws = _stage(name), ws or Workspace()
+    for stale in ws.art(name).glob(".*.tmp-*"):  # left by a killed write; the workspace lock makes them dead
+        stale.unlink()
+    return stage.run(p, ws)

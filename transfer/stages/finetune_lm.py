@@ -1,0 +1,32 @@
+"""finetune_lm: the target-domain LM, started from the general LM and tuned on the domain texts."""
+
+from __future__ import annotations
+
+from transfer.config import Params
+from transfer.data import load_token_stream
+from transfer.io_utils import file_digest
+from transfer.readers import iter_text_documents
+from transfer.stages.lm import lm_outs, train_directions
+from transfer.stages.record import Stage
+from transfer.stages.workspace import Workspace, encode_stream
+from transfer.train import finetune_lm, load_checkpoint
+
+
+def finetune(p: Params, ws: Workspace) -> dict:
+    """Target-domain LM: start from the general LM, tune on the domain texts (frozen first, then all)."""
+    domain_txt = ws.art("prepare", "domain.txt")
+    stream_path = encode_stream(ws.tokenizer(), iter_text_documents([domain_txt]), ws.art("finetune_lm", "domain.npy"))
+    init = lambda d: load_checkpoint(ws.art("pretrain", f"lm-{d}.pt"))  # noqa: E731
+    data_id = lambda d: [file_digest(domain_txt), file_digest(ws.art("pretrain", f"lm-{d}.pt"))]  # noqa: E731
+    return train_directions(STAGE, p, ws, p.finetune_lm, load_token_stream(stream_path), p.finetune_lm.valid_frac,
+                            init, finetune_lm, data_id)
+
+
+STAGE = Stage(
+    name="finetune_lm", run=finetune,
+    summary="target-domain LM: the general LM tuned on the domain texts",
+    params=lambda p: {"model": p.section("model"), "finetune_lm": p.section("finetune_lm")},
+    deps=lambda p, ws: [ws.art("prepare", "domain.txt"), ws.art("tokenize", "spm.model"), ws.art("pretrain")],
+    outs=lm_outs("finetune_lm"),
+    plots=("finetune_lm_loss.png",), curves=("finetune_lm_history.csv",), history="finetune_lm_history.csv",
+)

@@ -1,0 +1,45 @@
+"""pretrain: the general-domain LM, one per direction, with perplexity on a held-out tail and on `data.lm_eval`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transfer.config import Params
+from transfer.data import LMLoader, load_token_stream
+from transfer.io_utils import file_digest, write_json
+from transfer.readers import iter_text_documents
+from transfer.stages.lm import language_model, lm_outs, train_directions
+from transfer.stages.record import Stage
+from transfer.stages.workspace import Workspace, encode_stream
+from transfer.train import lm_perplexity, load_checkpoint, pick_device, pretrain_lm
+
+
+def pretrain(p: Params, ws: Workspace) -> dict:
+    """General-domain LM, one per direction; reports perplexity on a held-out tail and on `data.lm_eval`."""
+    path = ws.art("tokenize", "general.npy")
+    metrics = train_directions(STAGE, p, ws, p.pretrain, load_token_stream(path), p.pretrain.valid_frac,
+                               lambda d: None, pretrain_lm, lambda d: file_digest(path))
+    if p.data.lm_eval:
+        tok = ws.tokenizer()
+        docs = iter_text_documents(list(p.data.lm_eval), p.data.encoding, p.data.general_doc_per)
+        stream = load_token_stream(encode_stream(tok, docs, ws.art("pretrain", "lm_eval.npy")))
+        for direction in p.model.directions:
+            model = language_model(p, tok.vocab_size, p.pretrain.drop_mult)
+            model.load_state_dict(load_checkpoint(ws.art("pretrain", f"lm-{direction}.pt")))
+            loader = LMLoader(stream, p.pretrain.bs, p.pretrain.bptt, backwards=direction == "bwd", variable=False)
+            ppl = lm_perplexity(model.to(pick_device()), loader, p.pretrain.precision)["valid_ppl"]
+            metrics[direction].update(lm_eval_ppl=ppl, lm_eval_tokens=int(len(stream)))
+        write_json(ws.metrics("pretrain"), metrics)
+    return metrics
+
+
+STAGE = Stage(
+    name="pretrain", run=pretrain,
+    summary="general-domain AWD-LSTM LM, one per direction (+ perplexity on data.lm_eval files)",
+    params=lambda p: {"model": p.section("model"), "pretrain": p.section("pretrain"),
+                      "data": {k: p.section("data")[k] for k in ("lm_eval", "encoding", "general_doc_per")}},
+    deps=lambda p, ws: [ws.art("tokenize", "general.npy"), ws.art("tokenize", "spm.model"),
+                        *map(Path, p.data.lm_eval)],
+    outs=lm_outs("pretrain"),
+    plots=("pretrain_loss.png",), curves=("pretrain_history.csv",), history="pretrain_history.csv",
+)
