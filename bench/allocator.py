@@ -1,4 +1,4 @@
-"""LM training speed with glibc's default malloc against `keep_freed_memory()` (transfer.train).
+"""LM training speed with glibc's default malloc against `keep_freed_memory()` (transfer.device).
 
 Each mode runs in its own subprocess (mallopt settings are per process): the library's AWD-LSTM LM on random
 tokens, bf16 autocast where the CPU has it, the pretraining step (loss, backward, fused AdamW). Prints tokens/s,
@@ -21,8 +21,9 @@ import time
 def worker(args: argparse.Namespace) -> None:
     import torch
 
+    from transfer.device import autocast, keep_freed_memory
     from transfer.model import LanguageModel, lm_config
-    from transfer.train import _lm_step, autocast, keep_freed_memory
+    from transfer.train_lm import _lm_step
 
     kept = keep_freed_memory() if args.mode == "kept" else False
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU smoke check: nvidia-smi, ~300 bf16 steps of the default-size LM through transfer.train.pretrain_lm
+# GPU smoke check: nvidia-smi, ~300 bf16 steps of the default-size LM through transfer.train_lm.pretrain_lm
 # (with a checkpoint path), tokens/s and peak CUDA memory, then the checkpoint loaded on CPU
 # (load_checkpoint, weights_only) into a CPU LanguageModel whose logits must match the GPU model's.
 #
@@ -36,10 +36,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from transfer.config import PretrainParams
+from transfer.config_train import PretrainParams
 from transfer.data import LMLoader
+from transfer.device import pick_device
 from transfer.model import LanguageModel, lm_config
-from transfer.train import load_checkpoint, pick_device, pretrain_lm
+from transfer.train import load_checkpoint
+from transfer.train_lm import pretrain_lm
 
 ckpt = Path(sys.argv[1])
 steps = int(os.environ["STEPS"])

@@ -59,7 +59,7 @@ def worker(cfg: dict) -> dict:
 
     from transfer.data import LMLoader, load_token_stream
     from transfer.model import LanguageModel, lm_config
-    from transfer.train import lm_perplexity, pretrain_lm
+    from transfer.train_lm import lm_perplexity, pretrain_lm
 
     torch.set_num_threads(cfg["threads"])
     tok_dir = Path(cfg["tok"]) if cfg["tok"] else None

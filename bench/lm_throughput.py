@@ -1,4 +1,4 @@
-"""LM training throughput on CPU: the library's loop (`transfer.train.pretrain_lm`) vs a minimal torch loop.
+"""LM training throughput on CPU: the library's loop (`transfer.train_lm.pretrain_lm`) vs a minimal torch loop.
 
 Both loops run batch 32 x bptt 70 (fixed length: the library's LMLoader gets `variable=False`), and time
 forward + backward + optimizer step. Each measurement runs in its own subprocess, so its peak RSS
@@ -64,10 +64,10 @@ def run_library(cfg: dict) -> dict:
     torch = _torch_setup(cfg)
     from dataclasses import replace
 
-    from transfer.config import PretrainParams
+    from transfer.config_train import PretrainParams
     from transfer.data import LMLoader
     from transfer.model import LanguageModel, lm_config
-    from transfer.train import pretrain_lm
+    from transfer.train_lm import pretrain_lm
 
     size, bs, bptt, steps = SIZES[cfg["size"]], cfg["bs"], cfg["bptt"], cfg["steps"]
     stamps: list[tuple[float, float]] = []

@@ -2,7 +2,7 @@
 
 For each size (default 1M, 10M, 100M tokens) a random uint16 token stream is written straight into a .npy
 with np.lib.format.open_memmap, in chunks (100M tokens = 200 MB on disk). A fresh subprocess then opens it
-with transfer.data.load_token_stream and runs transfer.train.pretrain_lm on an LMLoader over it (small
+with transfer.data.load_token_stream and runs transfer.train_lm.pretrain_lm on an LMLoader over it (small
 AWD-LSTM, fixed bptt, `max_tokens` chosen so that exactly --steps optimizer steps run) and reports:
 
   after import   RSS with torch + transfer imported (the floor)
@@ -102,10 +102,10 @@ def worker(cfg: dict) -> dict:
 
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
-    from transfer.config import PretrainParams
+    from transfer.config_train import PretrainParams
     from transfer.data import LMLoader, load_token_stream
     from transfer.model import LanguageModel, lm_config
-    from transfer.train import pretrain_lm
+    from transfer.train_lm import pretrain_lm
 
     out = {"rss_import_kb": _rss_kb()}
     path = Path(cfg["path"])

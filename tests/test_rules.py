@@ -11,7 +11,7 @@ import torch
 from transfer.config import load_params
 from transfer.rules import apply, data_stats, resolve
 from transfer.stages import Workspace, run_stage
-from transfer.train import class_weights
+from transfer.train_clas import class_weights
 
 
 def _stats(n: int, words: int, labels: list[str], unlabelled: int = 0) -> dict:

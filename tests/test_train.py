@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from transfer.config import ClassifierParams, FinetuneLMParams, PretrainParams
+from transfer.config_train import ClassifierParams, FinetuneLMParams, PretrainParams
 from transfer.data import ClassificationLoader, Docs, LMLoader
 from transfer.errors import TransferError
 from transfer.model import LanguageModel, TextClassifier, classifier_config, lm_config
-from transfer.train import (
-    Phase, _lm_step, autocast, cpu_supports_bf16, finetune_lm, load_checkpoint, lr_find, pretrain_lm,
-    train_classifier, unfreezing_phases, valley_lr,
-)
+from transfer.device import autocast, cpu_supports_bf16
+from transfer.guard import Diverged
+from transfer.train import Phase, load_checkpoint
+from transfer.train_clas import lr_find, train_classifier, unfreezing_phases, valley_lr
+from transfer.train_lm import _lm_step, finetune_lm, pretrain_lm
 
 V = 40
 LM_HP = PretrainParams(epochs=2, bs=16, bptt=20, lr=3e-2, drop_mult=0.2, checkpoint_every=10**6)
@@ -99,7 +100,7 @@ def test_pretrained_classifier_beats_chance_by_a_wide_margin():
 
 _REFAULTS = """
 import resource, sys, torch
-from transfer.train import keep_freed_memory
+from transfer.device import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "kept" else False
 f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(60):  # 64 MB, over glibc's largest mmap threshold (32 MB): allocated, written, freed, as an LM
@@ -244,7 +245,7 @@ def test_precision_param_picks_bf16_only_where_asked_or_supported(precision):
 
 def test_bf16_without_native_support_fails_before_training(monkeypatch, tmp_path):
     # on AVX2 torch's LSTM has no bf16 kernel: asking for bf16 there must fail clearly, before any checkpoint
-    monkeypatch.setattr("transfer.train.cpu_supports_bf16", lambda: False)
+    monkeypatch.setattr("transfer.device.cpu_supports_bf16", lambda: False)
     model, stream = small_lm(), markov_stream(4000)
     hp = replace(LM_HP, epochs=1, precision="bf16", checkpoint_every=1)
     with pytest.raises(TransferError, match="precision 'bf16'"):
@@ -276,7 +277,7 @@ def _spiking(step_loss, at: set[int], how: str):
 
 @pytest.mark.parametrize("how", ["spike", "nan"])
 def test_divergence_rewinds_and_halves_the_lr_then_finishes(how, monkeypatch):
-    import transfer.train as T
+    import transfer.train_lm as T
 
     loader = LMLoader(markov_stream(8_000), 8, 20, variable=False)
     hp = replace(LM_HP, epochs=1, spike_factor=2.0)
@@ -294,11 +295,11 @@ def test_divergence_rewinds_and_halves_the_lr_then_finishes(how, monkeypatch):
 
 
 def test_divergence_beyond_max_recoveries_stops_with_a_clear_error(monkeypatch):
-    import transfer.train as T
+    import transfer.train_lm as T
 
     loader = LMLoader(markov_stream(8_000), 8, 20, variable=False)
     monkeypatch.setattr(T, "_lm_step", lambda a, b: _spiking(_lm_step(a, b), set(range(30, 10**6)), "spike"))
-    with pytest.raises(T.Diverged, match=r"pretrain: loss .* diverged again after 2 recoveries"):
+    with pytest.raises(Diverged, match=r"pretrain: loss .* diverged again after 2 recoveries"):
         with pytest.warns(UserWarning):
             pretrain_lm(small_lm(), loader, None, replace(LM_HP, epochs=1, max_recoveries=2), progress=False)
 

@@ -11,11 +11,13 @@ import numpy as np
 import torch
 
 from transfer.data import ClassificationLoader, Docs
+from transfer.device import pick_device
 from transfer.errors import TransferError
 from transfer.io_utils import atomic_path, write_json
 from transfer.model import AWDLSTMConfig, TextClassifier
 from transfer.tokenizer import PAD_ID, Tokenizer
-from transfer.train import classifier_logits, load_checkpoint, pick_device
+from transfer.train import load_checkpoint
+from transfer.train_clas import classifier_logits
 
 __all__ = ["classification_metrics", "softmax", "fit_temperature", "calibrated_average", "member_name",
            "member_direction", "save_classifier", "Predictor"]

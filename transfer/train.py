@@ -1,45 +1,38 @@
-"""Training loops: LM pretraining, LM fine-tuning and gradual-unfreezing classifier training.
+"""The training loop: one `fit` runs a list of phases, resumably.
 
-One loop (`fit`) runs a list of phases; each phase freezes some layer groups and runs its own LR schedule
-with discriminative LRs. Checkpoints hold everything needed to resume to the bit-identical result on CPU.
+Each phase freezes some layer groups and runs its own LR schedule with discriminative LRs. Checkpoints hold
+everything needed to resume to the bit-identical result on CPU. What a loop trains lives beside it: language
+models in transfer/train_lm.py, the classifier and the LR finder in transfer/train_clas.py; the device and
+precision it runs at in transfer/device.py, and the divergence guard in transfer/guard.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import ctypes
-import functools
-import itertools
-import math
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from transfer.data import ClassificationLoader, LMLoader
+from transfer.device import autocast, keep_freed_memory, pick_device
 from transfer.errors import TransferError
+from transfer.guard import _DivergenceGuard, _hidden_state
 from transfer.io_utils import atomic_path
-from transfer.model import LanguageModel, TextClassifier, freeze_to, layer_groups
+from transfer.model import freeze_to, layer_groups
 from transfer.progress import EpochProgress
 from transfer.schedules import discriminative_lrs, lr_at
 
-__all__ = [
-    "Phase", "pick_device", "autocast", "keep_freed_memory", "fit", "pretrain_lm", "finetune_lm", "train_classifier",
-    "lm_perplexity", "classifier_logits", "lr_find", "valley_lr", "classifier_lr_find", "save_checkpoint",
-    "load_checkpoint",
-]
+__all__ = ["TrainHP", "Phase", "Batches", "StepLoss", "fit", "save_checkpoint", "load_checkpoint"]
 
 
 class TrainHP(Protocol):
-    """The training hyperparameters the loops read (transfer.config.TrainParams satisfies it)."""
+    """The training hyperparameters the loops read (transfer.config_train.TrainParams satisfies it)."""
 
     epochs: int
     lr: float
@@ -61,10 +54,6 @@ class TrainHP(Protocol):
     max_recoveries: int
 
 
-class Diverged(TransferError):
-    """Training diverged more often than `max_recoveries` allows."""
-
-
 @dataclass(frozen=True)
 class Phase:
     """Train the layer groups from `freeze_to` on (0 = all) for `epochs` epochs at `lr_mult` times the peak lr."""
@@ -72,56 +61,6 @@ class Phase:
     freeze_to: int
     epochs: int
     lr_mult: float = 1.0
-
-
-def pick_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-@functools.cache
-def keep_freed_memory() -> bool:
-    """Make glibc's malloc keep freed memory in the process instead of handing it back to the kernel.
-
-    By default every allocation over 32 MB (an LM's logits and their gradients: 64 x 70 x 16k floats) is a fresh
-    mmap, unmapped again when freed, so every training step page-faults all of it back in. Measured on a 2-core VM
-    (`python bench/allocator.py`): 400k page faults a step, 44% of the CPU time in the kernel, 3,252 -> 6,559 tok/s
-    with the heap kept (16k vocab, 256/512, bs 64 x bptt 70, bf16). Process-wide and idempotent; returns False
-    where the C library is not glibc (nothing changed).
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # from glibc's malloc.h
-    # no mmap'd chunks; trim the heap top only past 2 GB free (2**31 - 1 is the largest an int argument can say)
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
-
-
-@functools.cache
-def cpu_supports_bf16() -> bool:
-    """True where the CPU computes bf16 natively (AVX-512 BF16 or AMX); elsewhere it is emulated or missing."""
-    if "AMX" in torch.backends.cpu.get_cpu_capability():
-        return True
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:  # not Linux: no cheap, reliable way to tell
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast when asked ('bf16'), or for 'auto' on CUDA and on bf16-capable CPUs; fp32 otherwise.
-
-    Measured on AVX-512 BF16 (2 cores, 256/512 LM, 300k tokens): 1.55x tokens/s, WikiText-2 ppl within 0.1%.
-    Autocast keeps weights and optimizer state in fp32; losses are computed on `.float()` logits.
-    """
-    if precision == "bf16" and device.type == "cpu" and not cpu_supports_bf16():
-        # emulated bf16 would only be slower, and torch's oneDNN LSTM has no bf16 kernel there: it fails mid-step
-        raise TransferError(f"precision 'bf16' needs a CPU with native bf16 (AVX-512 BF16 or AMX); this one has "
-                            f"{torch.backends.cpu.get_cpu_capability()}: set precision to 'auto' or 'fp32'")
-    use_bf16 = precision == "bf16" or (precision == "auto" and (device.type == "cuda" or cpu_supports_bf16()))
-    return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
 
 
 # --- checkpoints ------------------------------------------------------------------------------------
@@ -146,11 +85,6 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
         reason = "not a PyTorch checkpoint, or truncated" if "weights only load failed" in first.lower() \
             or isinstance(e, (EOFError, RuntimeError)) else f"{type(e).__name__}: {first[:200]}"
         raise TransferError(f"{path}: not a readable checkpoint ({reason})") from None
-
-
-def _hidden_state(model: nn.Module) -> list[list[torch.Tensor]] | None:
-    hidden = getattr(model.encoder, "hidden", None)
-    return None if hidden is None else [[h.cpu(), c.cpu()] for h, c in hidden]
 
 
 # --- the loop ---------------------------------------------------------------------------------------
@@ -329,70 +263,6 @@ def _fit(model, phases, batches, steps_in_epoch, step_loss, validate, hp, *, mon
     return history
 
 
-class _DivergenceGuard:
-    """Catches a diverging run within an epoch and rewinds it to an earlier state at half the lr.
-
-    A step loss that is not finite, or above `hp.spike_factor` times the running mean of the loss (after 20
-    steps), is a divergence. The guard keeps two in-memory snapshots, taken every 20 steps; a rewind restores
-    the older one (20-40 steps back, before the weights went bad), halves the lr for the rest of the run and
-    counts a recovery; past `hp.max_recoveries` it raises `Diverged`. The snapshots cost two copies of the
-    weights and optimizer state; an LM's loss moves by a few % a step, so a doubling is not noise.
-    """
-
-    every, burn_in, beta = 20, 20, 0.9
-
-    def __init__(self, hp: TrainHP):
-        self.factor, self.max_recoveries = hp.spike_factor, hp.max_recoveries
-        self.mean, self.n = 0.0, 0
-        self.snaps: list[dict] = []
-
-    def diverged(self, loss: float) -> bool:
-        if not math.isfinite(loss):
-            return True
-        if self.factor is not None and self.n >= self.burn_in and loss > self.factor * self.mean_value():
-            return True
-        self.mean, self.n = self.beta * self.mean + (1 - self.beta) * loss, self.n + 1
-        return False
-
-    def snapshot(self, model: nn.Module, opt: torch.optim.Optimizer, pos: dict, acc: dict, n_steps: int) -> None:
-        self.snaps = self.snaps[-1:] + [dict(
-            model=copy.deepcopy(model.state_dict()), opt=copy.deepcopy(opt.state_dict()), pos=dict(pos),
-            acc=dict(acc), n_steps=n_steps, rng=torch.get_rng_state(), hidden=_hidden_state(model))]
-
-    def every_step(self, model: nn.Module, opt: torch.optim.Optimizer, pos: dict, acc: dict, n_steps: int) -> None:
-        if pos["step_in_epoch"] % self.every == 0:
-            self.snapshot(model, opt, pos, acc, n_steps)
-
-    def rewind(self, model: nn.Module, opt: torch.optim.Optimizer, pos: dict, steps: list, desc: str,
-               loss: float) -> dict:
-        """Restore the oldest snapshot, halve the lr; returns the epoch's running totals as they were then."""
-        where = f"{desc}: loss {loss:.4g} at step {pos['global_step']} (running mean {self.mean_value():.4g})"
-        if pos["recoveries"] >= self.max_recoveries:
-            raise Diverged(f"{where}: training diverged again after {pos['recoveries']} recoveries at a lower "
-                           f"lr; lower the stage's lr or raise its warmup_min_steps")
-        snap = self.snaps[0]
-        model.load_state_dict(snap["model"])
-        opt.load_state_dict(snap["opt"])
-        torch.set_rng_state(snap["rng"])
-        if snap["hidden"] is not None:
-            device = next(model.parameters()).device
-            model.encoder.hidden = [(h.to(device), c.to(device)) for h, c in snap["hidden"]]
-        elif hasattr(model, "reset"):
-            model.reset()
-        recoveries, lr_scale = pos["recoveries"] + 1, pos["lr_scale"] / 2
-        pos.update(snap["pos"], recoveries=recoveries, lr_scale=lr_scale)
-        del steps[snap["n_steps"]:]
-        self.snaps = [snap]  # the running mean stays the healthy one from before the spike
-        warnings.warn(f"{where}: diverged; rewound to step {pos['global_step']} and halved the lr "
-                      f"(x{lr_scale:g} of the configured peak; recovery {recoveries} of {self.max_recoveries})",
-                      stacklevel=2)
-        return dict(snap["acc"])
-
-    def mean_value(self) -> float:
-        """The running mean of the healthy step losses, bias-corrected (an EMA that starts at 0)."""
-        return self.mean / (1 - self.beta ** self.n) if self.n else float("nan")
-
-
 def _try_resume(path: Path, fingerprint: str) -> dict | None:
     try:
         ck = load_checkpoint(path)
@@ -403,275 +273,3 @@ def _try_resume(path: Path, fingerprint: str) -> dict | None:
         warnings.warn(f"{path}: checkpoint is from different params, data or code, starting fresh")
         return None
     return ck
-
-
-# --- language models --------------------------------------------------------------------------------
-
-def _lm_step(alpha: float, beta: float) -> StepLoss:
-    def step(model: LanguageModel, batch: tuple) -> tuple[torch.Tensor, int, float]:
-        x, y, lr_scale = batch
-        device = next(model.parameters()).device
-        x, y = x.to(device), y.to(device)
-        logits, raw, dropped = model(x)
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
-        if alpha:
-            loss = loss + alpha * dropped.float().pow(2).mean()
-        if beta and raw.size(1) > 1:
-            loss = loss + beta * (raw[:, 1:] - raw[:, :-1]).float().pow(2).mean()
-        return loss, y.numel(), lr_scale
-    return step
-
-
-@torch.no_grad()
-def lm_perplexity(model: LanguageModel, loader: LMLoader, precision: str = "auto") -> dict[str, float]:
-    """Validation loss and perplexity over a whole stream (fixed bptt, eval mode, fresh state)."""
-    model.eval()
-    model.reset()
-    device = next(model.parameters()).device
-    total, n = 0.0, 0
-    for x, y, _ in loader.batches(0):
-        with autocast(device, precision):
-            logits, _, _ = model(x.to(device))
-        total += F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.to(device).reshape(-1),
-                                 reduction="sum").item()
-        n += y.numel()
-    model.reset()
-    loss = total / max(n, 1)
-    return dict(valid_loss=loss, valid_ppl=math.exp(min(loss, 50)))
-
-
-def _fit_lm(model: LanguageModel, phases: list[Phase], train: LMLoader, valid: LMLoader | None, hp: TrainHP,
-            **kw) -> list[dict[str, float]]:
-    validate = (lambda m: lm_perplexity(m, valid, hp.precision)) if valid is not None else None
-    return fit(model, phases, train.batches, lambda e: len(train.seq_lens(e)), _lm_step(hp.alpha, hp.beta),
-               validate, hp, unit="tok", **kw)
-
-
-def pretrain_lm(model: LanguageModel, train: LMLoader, valid: LMLoader | None, hp: TrainHP, desc: str = "pretrain",
-                **kw) -> list[dict[str, float]]:
-    """Train every layer for `hp.epochs` epochs; history rows hold valid_ppl when `valid` is given."""
-    return _fit_lm(model, [Phase(0, hp.epochs)], train, valid, hp, desc=desc, **kw)
-
-
-def finetune_lm(model: LanguageModel, train: LMLoader, valid: LMLoader | None, hp: TrainHP,
-                desc: str = "finetune_lm", **kw) -> list[dict[str, float]]:
-    """`hp.freeze_epochs` with only embedding + decoder trainable, then `hp.epochs` with everything."""
-    phases = [Phase(-1, hp.freeze_epochs)] if getattr(hp, "freeze_epochs", 0) else []
-    return _fit_lm(model, phases + [Phase(0, hp.epochs)], train, valid, hp, desc=desc, **kw)
-
-
-# --- classifier -------------------------------------------------------------------------------------
-
-def _clas_step(model: TextClassifier, batch: tuple, weight: torch.Tensor | None = None,
-               ) -> tuple[torch.Tensor, int, float]:
-    x, lengths, y, _ = batch
-    device = next(model.parameters()).device
-    logits = model(x.to(device), lengths.to(device))
-    w = None if weight is None else weight.to(device)
-    return F.cross_entropy(logits.float(), y.to(device), weight=w), len(y), 1.0
-
-
-def class_weights(labels: np.ndarray, n_classes: int) -> torch.Tensor:
-    """Inverse class frequency, normalised so a balanced set gets weight 1 for every class."""
-    counts = np.bincount(labels.astype(np.int64), minlength=n_classes).astype(np.float64)
-    return torch.tensor(len(labels) / (n_classes * np.maximum(counts, 1)), dtype=torch.float32)
-
-
-@torch.no_grad()
-def classifier_logits(model: TextClassifier, loader: ClassificationLoader, precision: str = "auto") -> np.ndarray:
-    """Logits (n_docs, n_classes) in the loader's document order."""
-    model.eval()
-    device = next(model.parameters()).device
-    out = np.zeros((len(loader.docs), model.n_classes), dtype=np.float32)
-    for x, lengths, _, idx in loader.batches():
-        with autocast(device, precision):
-            out[idx] = model(x.to(device), lengths.to(device)).float().cpu().numpy()
-    return out
-
-
-@torch.no_grad()
-def pooled_features(model: TextClassifier, loader: ClassificationLoader, precision: str = "auto") -> np.ndarray:
-    """Concat-pooled encoder features (n_docs, 3 * emb_size) in the loader's document order; no dropout."""
-    model.eval()
-    device = next(model.parameters()).device
-    out = np.zeros((len(loader.docs), 3 * model.cfg.emb_size), dtype=np.float32)
-    for x, lengths, _, idx in loader.batches():
-        with autocast(device, precision):
-            out[idx] = model.encode(x.to(device), lengths.to(device)).float().cpu().numpy()
-    return out
-
-
-def _clas_validate(loader: ClassificationLoader, precision: str) -> Callable[[nn.Module], dict[str, float]]:
-    def validate(model: TextClassifier) -> dict[str, float]:
-        logits = classifier_logits(model, loader, precision)
-        y = torch.from_numpy(loader.labels.astype(np.int64))
-        loss = F.cross_entropy(torch.from_numpy(logits), y).item()
-        return dict(valid_loss=loss, valid_accuracy=float((logits.argmax(1) == loader.labels).mean()))
-    return validate
-
-
-def unfreezing_phases(n_groups: int, unfreeze_epochs: list[int], steps_per_epoch: int,
-                      min_steps_per_phase: int = 0, lr_mults: list[float] | None = None) -> list[Phase]:
-    """Gradual unfreezing: phase k trains the last k+1 groups; the final phase trains all of them.
-
-    A phase shorter than `min_steps_per_phase` optimizer steps gets more epochs (few-label data).
-    Phase k's peak lr is scaled by `lr_mults[k]` (default 1).
-    """
-    phases = []
-    lr_mults = lr_mults or [1.0] * len(unfreeze_epochs)
-    for k, epochs in enumerate(unfreeze_epochs):
-        last = k == len(unfreeze_epochs) - 1
-        n = 0 if last or k + 1 >= n_groups else -(k + 1)
-        if min_steps_per_phase:
-            epochs = max(epochs, math.ceil(min_steps_per_phase / max(steps_per_epoch, 1)))
-        phases.append(Phase(n, epochs, lr_mults[k]))
-    return phases
-
-
-@torch.no_grad()
-def recalibrate_batchnorm(model: TextClassifier, loader: ClassificationLoader, precision: str = "auto") -> None:
-    """Recompute the head's BatchNorm statistics over `loader` with the encoder in eval mode.
-
-    During training BN sees features from a dropped-out, still-moving encoder and keeps an exponential
-    average that lags it; at inference the encoder is deterministic. With small pretrained activations
-    that mismatch alone can cost tens of accuracy points, and one no-grad pass removes it.
-    """
-    bns = [m for m in model.head if isinstance(m, nn.BatchNorm1d)]
-    model.eval()
-    device = next(model.parameters()).device
-    momenta = [bn.momentum for bn in bns]
-    for bn in bns:
-        bn.reset_running_stats()
-        bn.momentum = None  # cumulative average over the pass
-    for x, lengths, _, _ in loader.batches(0):
-        with autocast(device, precision):
-            h = model.encode(x.to(device), lengths.to(device)).float()
-        for layer in model.head:  # BN layers update their stats in train mode; dropout stays off
-            if isinstance(layer, nn.BatchNorm1d):
-                layer.train()
-                h = layer(h)
-                layer.eval()
-            else:
-                h = layer(h)
-    for bn, m in zip(bns, momenta):
-        bn.momentum = m
-
-
-def _classifier_phases(model: TextClassifier, train: ClassificationLoader, hp: TrainHP) -> list[Phase]:
-    return unfreezing_phases(len(layer_groups(model)), list(hp.unfreeze_epochs), len(train),
-                             getattr(hp, "min_steps_per_phase", 0), getattr(hp, "unfreeze_lr_mult", None))
-
-
-def train_classifier(model: TextClassifier, train: ClassificationLoader, valid: ClassificationLoader | None,
-                     hp: TrainHP, **kw) -> list[dict[str, float]]:
-    """Gradual unfreezing (`hp.unfreeze_epochs` per phase) with STLR and discriminative LRs in each.
-
-    After every epoch the head's BatchNorm statistics are recomputed in eval mode (see recalibrate_batchnorm).
-    """
-    phases = _classifier_phases(model, train, hp)
-    stats_loader = ClassificationLoader(train.docs, train.labels, train.bs, train=False, pad_id=train.pad_id,
-                                        backwards=train.backwards)
-    validate_on = _clas_validate(valid, hp.precision) if valid is not None else None
-
-    def validate(m: TextClassifier) -> dict[str, float]:
-        recalibrate_batchnorm(m, stats_loader, hp.precision)
-        return validate_on(m) if validate_on is not None else {}
-
-    kw.setdefault("desc", "classifier")
-    weight = class_weights(train.labels, model.n_classes) if getattr(hp, "class_weights", False) else None
-    step = functools.partial(_clas_step, weight=weight)
-    return fit(model, phases, train.batches, lambda e: len(train), step, validate, hp,
-               monitor=("valid_loss", "min"), unit="doc", **kw)
-
-
-# --- LR finder --------------------------------------------------------------------------------------
-
-def lr_find(model: nn.Module, batches: Iterator[tuple], step_loss: StepLoss, start_lr: float = 1e-7,
-            end_lr: float = 10.0, num_it: int = 100, betas: tuple[float, float] = (0.7, 0.99),
-            lr_decay: float = 1.0, precision: str = "fp32") -> tuple[list[float], list[float], float]:
-    """Exponential LR sweep; stops when the smoothed loss passes 4x the best. Model weights are restored.
-
-    Only trainable params move. With `lr_decay` > 1 each lower layer group gets lr / lr_decay of the group
-    above, as in training, and the LRs reported are the top group's.
-    Returns (lrs, smoothed losses, suggested LR: `valley_lr`).
-    """
-    saved = copy.deepcopy(model.state_dict())
-    device = pick_device()
-    model.to(device).train()
-    try:
-        groups = layer_groups(model)
-    except TypeError:  # not an LM or classifier: one group
-        groups = [list(model.parameters())]
-    ratios = discriminative_lrs(1.0, len(groups), lr_decay)
-    param_groups = [dict(params=[p for p in g if p.requires_grad], ratio=r) for g, r in zip(groups, ratios)]
-    opt = torch.optim.AdamW([g for g in param_groups if g["params"]], lr=start_lr, betas=tuple(betas))
-    lrs, losses, avg, best = [], [], 0.0, math.inf
-    mult = (end_lr / start_lr) ** (1 / max(num_it - 1, 1))
-    for i, batch in enumerate(batches):
-        if i >= num_it:
-            break
-        lr = start_lr * mult ** i
-        for g in opt.param_groups:
-            g["lr"] = lr * g["ratio"]
-        with autocast(device, precision):
-            loss, _, _ = step_loss(model, batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        avg = 0.98 * avg + 0.02 * loss.item()
-        smoothed = avg / (1 - 0.98 ** (i + 1))
-        lrs.append(lr)
-        losses.append(smoothed)
-        best = min(best, smoothed)
-        if not math.isfinite(smoothed) or smoothed > 4 * best:
-            break
-    model.load_state_dict(saved)
-    if hasattr(model, "reset"):
-        model.reset()
-    return lrs, losses, valley_lr(lrs, losses) if lrs else start_lr
-
-
-def valley_lr(lrs: list[float], losses: list[float]) -> float:
-    """fastai's "valley" suggestion: 2/3 of the way down the longest decreasing run of the loss curve.
-
-    The longest decreasing subsequence (not necessarily contiguous) spans the real descent; steepest-slope
-    picks land on the noise of the first few smoothed points instead (on AG News: 1e-7 in every phase).
-    """
-    n = len(losses)
-    run = [1] * n  # run[i]: length of the longest decreasing subsequence ending at i
-    start = end = 0
-    for i in range(1, n):
-        for j in range(i):
-            if losses[i] < losses[j] and run[i] < run[j] + 1:
-                run[i] = run[j] + 1
-            if run[end] < run[i]:
-                end, start = i, i - run[i]
-    third = (end - start) / 3
-    # start is one before the run (fastai's arithmetic): -1 when the run begins at the first point
-    return float(lrs[max(0, start + int(third) + int(third / 2))])
-
-
-def classifier_lr_find(model: TextClassifier, train: ClassificationLoader, hp: TrainHP, num_it: int = 100,
-                       progress: bool = True) -> list[dict[str, Any]]:
-    """The LR finder before each phase of gradual unfreezing, with each phase trained as configured in between.
-
-    What fastai users do by hand (unfreeze, `lr_find`, fit) for every phase of `train_classifier`'s schedule.
-    Each phase is fitted with a fresh optimizer (training keeps one across phases), so the curves after
-    phase 1 start from nearly, not exactly, the weights training would have. Returns one dict per phase:
-    phase, freeze_to, configured peak lr, suggested lr, and the curve (lrs, losses).
-    """
-    phases = _classifier_phases(model, train, hp)
-    # few labels give fewer than num_it batches an epoch: the sweep runs on across epochs
-    forever = lambda: (b for e in itertools.count() for b in train.batches(e))  # noqa: E731
-    out = []
-    for k, phase in enumerate(phases):
-        freeze_to(model, phase.freeze_to)
-        lrs, losses, suggestion = lr_find(model, forever(), _clas_step, num_it=num_it, betas=tuple(hp.betas),
-                                          lr_decay=hp.lr_decay, precision=hp.precision)
-        out.append(dict(phase=k, freeze_to=phase.freeze_to, lr=hp.lr * phase.lr_mult, suggested_lr=suggestion,
-                        lrs=lrs, losses=losses))
-        if k < len(phases) - 1:
-            fit(model, [phase], train.batches, lambda e: len(train), _clas_step, None, hp, progress=progress,
-                desc=f"lr-find: train phase {k + 1}", unit="doc")
-    freeze_to(model, 0)
-    return out

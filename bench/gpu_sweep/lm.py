@@ -15,7 +15,8 @@ from transfer.data import load_token_stream
 from transfer.io_utils import file_digest
 from transfer.stages import STAGES, Workspace
 from transfer.stages.lm import train_directions
-from transfer.train import load_checkpoint, pretrain_lm, save_checkpoint
+from transfer.train import load_checkpoint, save_checkpoint
+from transfer.train_lm import pretrain_lm
 
 ws = Path(sys.argv[1])
 DIR = sys.argv[2]

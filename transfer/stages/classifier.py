@@ -18,7 +18,8 @@ from transfer.stages.lm import architecture
 from transfer.stages.record import fingerprint
 from transfer.stages.workspace import Workspace, seed_everything
 from transfer.tokenizer import PAD_ID, Tokenizer
-from transfer.train import classifier_lr_find, load_checkpoint, train_classifier
+from transfer.train import load_checkpoint
+from transfer.train_clas import classifier_lr_find, train_classifier
 
 Pseudo = tuple[list[str], np.ndarray]  # pseudo-labelled rows: texts, class indices
 

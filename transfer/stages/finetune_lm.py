@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from transfer.config import Params
+from transfer.corpus import iter_text_documents
 from transfer.data import load_token_stream
 from transfer.io_utils import file_digest
-from transfer.readers import iter_text_documents
 from transfer.stages.lm import lm_outs, train_directions
 from transfer.stages.record import Stage
 from transfer.stages.workspace import Workspace, encode_stream
-from transfer.train import finetune_lm, load_checkpoint
+from transfer.train import load_checkpoint
+from transfer.train_lm import finetune_lm
 
 
 def finetune(p: Params, ws: Workspace) -> dict:

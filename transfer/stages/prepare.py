@@ -9,9 +9,10 @@ import pandas as pd
 
 from transfer import hygiene, rules
 from transfer.config import Params
+from transfer.corpus import iter_text_documents
 from transfer.errors import TransferError
 from transfer.io_utils import atomic_path, file_digest, write_json
-from transfer.readers import iter_text_documents, read_table
+from transfer.readers import read_table
 from transfer.stages.record import Stage
 from transfer.stages.workspace import Workspace
 

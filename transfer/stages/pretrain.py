@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from transfer.config import Params
+from transfer.corpus import iter_text_documents
 from transfer.data import LMLoader, load_token_stream
+from transfer.device import pick_device
 from transfer.io_utils import file_digest, write_json
-from transfer.readers import iter_text_documents
 from transfer.stages.lm import language_model, lm_outs, train_directions
 from transfer.stages.record import Stage
 from transfer.stages.workspace import Workspace, encode_stream
-from transfer.train import lm_perplexity, load_checkpoint, pick_device, pretrain_lm
+from transfer.train import load_checkpoint
+from transfer.train_lm import lm_perplexity, pretrain_lm
 
 
 def pretrain(p: Params, ws: Workspace) -> dict:

@@ -28,7 +28,10 @@ REGISTRY_MODULE = "transfer.stages"  # its __init__ only collects the records: a
 # numbers, params are hashed as values (the stage's `params`), and errors only word a failure. Editing them
 # reruns no stage under either engine.
 NOT_CODE = {"transfer.plots": "draws figures", "transfer.progress": "reports progress",
-            "transfer.config": "hashed as the stage's params", "transfer.errors": "words failures"}
+            "transfer.config": "hashed as the stage's params", "transfer.errors": "words failures",
+            # the params sections, split out of transfer.config: hashed as values like the rest of it
+            "transfer.config_sections": "hashed as the stage's params",
+            "transfer.config_train": "hashed as the stage's params"}
 
 
 @dataclass(frozen=True)

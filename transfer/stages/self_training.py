@@ -8,11 +8,12 @@ import numpy as np
 
 from transfer.config import Params
 from transfer.data import ClassificationLoader, Docs
+from transfer.device import pick_device
 from transfer.pseudo import probe_teacher, select_pseudo_labels
 from transfer.stages.classifier import Pseudo, labelled, new_classifier
 from transfer.stages.workspace import Workspace
 from transfer.tokenizer import PAD_ID
-from transfer.train import pick_device, pooled_features
+from transfer.train_clas import pooled_features
 
 
 def lm_features(p: Params, ws: Workspace, vocab_size: int, doc_sets: list[Docs]) -> list[np.ndarray]:

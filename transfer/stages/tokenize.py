@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 
 from transfer.config import Params
+from transfer.corpus import iter_text_documents
 from transfer.data import load_token_stream
 from transfer.io_utils import write_json
-from transfer.readers import iter_text_documents
 from transfer.stages.record import Stage
 from transfer.stages.workspace import Workspace, encode_stream
 from transfer.tokenizer import train_tokenizer
