@@ -9,16 +9,22 @@ classifiers and evaluation; it links the LMs, never copies or retrains them), an
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 
 import mlflow
-from prefect import flow, get_run_logger
+import torch
+from prefect import flow, get_run_logger, task
+
+from flows.scale import dask_runner
 
 from tasks.cache import content_digest
+from tasks.pipeline import transient_only
 from tasks.tracking import ensure_experiment, log_figure_png, metric_key, start_pipeline_run
 from transfer.benchmark import COLUMNS, Dataset, Suite, cell_key, cell_overrides, load_suite, markdown_table
 from transfer.config import Params, load_params
@@ -89,8 +95,20 @@ def domain_lm(p: Params, ws: Path, general: Path, general_id: str, logger) -> fl
     return time.perf_counter() - t0
 
 
+@task(retries=1, retry_delay_seconds=2, retry_condition_fn=transient_only)
+def cell_task(p: Params, ws: Path, dataset_ws: Path, cwd: str, threads: int | None = None) -> tuple[dict, dict, float]:
+    """A cell as a task: on a Dask worker (one task per process) it reads the params' relative data paths from
+    `cwd`, as the flow does, and trains on `threads` torch threads (its share of the cores). A cell whose worker
+    dies is run again by Dask on another; it resumes from its own checkpoints."""
+    if threads:
+        torch.set_num_threads(threads)
+    with contextlib.chdir(cwd):
+        return run_cell(p, ws, dataset_ws)
+
+
 def run_cell(p: Params, ws: Path, dataset_ws: Path) -> tuple[dict, dict, float]:
-    """One budget x seed: its own prepared rows, classifiers and evaluation -> (prepare, evaluate, classifier s)."""
+    """One budget x seed: its own prepared rows, classifiers and evaluation -> (prepare, evaluate, classifier s).
+    It reads the shared general and domain LMs through links and writes only under `ws`."""
     paths = Workspace(ws)
     _link_parts(dataset_ws, ws, LM_PARTS + DOMAIN_PARTS)
     prep = run_stage("prepare", p, paths)
@@ -129,8 +147,11 @@ def _write_results(rows: list[dict], out: Path, suite: Suite) -> None:
 
 @flow(name="benchmark", log_prints=True)
 def benchmark_flow(suite_path: str, out: str, budgets: list[str] | None = None, seeds: list[int] | None = None,
-                   general: str | None = None, resume: bool = False, datasets: list[str] | None = None) -> list[dict]:
-    """The suite's cells in order, dataset by dataset; the CSV, table and plots are rewritten after every cell."""
+                   general: str | None = None, resume: bool = False, datasets: list[str] | None = None,
+                   threads: int | None = None, concurrent: bool = False) -> list[dict]:
+    """The general LM, each dataset's domain LM, then the cells: one after another, or (`concurrent`) all at once
+    as tasks on the flow's task runner (a Dask cluster). The CSV, table and plots are rewritten after every cell,
+    rows in suite order whatever order the cells finish in."""
     logger = get_run_logger()
     suite = load_suite(suite_path)
     budgets, seeds = budgets or suite.budgets, seeds if seeds is not None else suite.seeds
@@ -156,12 +177,34 @@ def benchmark_flow(suite_path: str, out: str, budgets: list[str] | None = None, 
             if c[0] in by_name}
     rows = [r for r in rows if keys.get((r["dataset"], r["budget"], r["seed"])) == r["cell_digest"]]
     done = {(r["dataset"], r["budget"], r["seed"]) for r in rows}
+    order = {(d.name, b, s): i for i, (d, b, s) in enumerate((d, b, s) for d in suite.datasets for b in budgets
+                                                             for s in seeds)}
     base = load_params(suite.params, list(suite.overrides))
     experiment_id = ensure_experiment(base.mlflow.experiment, Path(base.mlflow.artifact_location).resolve())
     tags = {"experiment": "benchmark", "suite": str(suite_path), "general_lm": general_id,
             "resumed_cells": str(len(done))}
+
+    def record(d: Dataset, budget: str, seed: int, domain_s: float, cell_s: float, result: tuple) -> None:
+        prep, evaluation, classifier_s = result
+        with mlflow.start_run(run_name=f"{d.name}-{budget}-s{seed}", nested=True, experiment_id=experiment_id,
+                              tags={"dataset": d.name, "budget": budget, "seed": str(seed)}):
+            mlflow.log_metrics({"domain_lm_s": domain_s, "cell_s": cell_s})
+            for variant, m in evaluation["variants"].items():
+                extra = classifier_s if variant.startswith("ulmfit") else 0.0
+                rows.append(dict(dataset=d.name, budget=budget, seed=seed, variant=variant,
+                                 error=m["error_rate"], accuracy=m["accuracy"], macro_f1=m["macro_f1"],
+                                 seconds=evaluation["seconds"][variant] + extra, n_labels=prep["n_train"],
+                                 n_test=evaluation["n_test"],
+                                 chosen=evaluation.get("chosen_on_validation", {}).get(variant, ""),
+                                 cell_digest=key(d, budget, seed)))
+                mlflow.log_metrics({metric_key(f"{variant}.{k}"): m[k] for k in ("error_rate", "accuracy", "macro_f1")})
+        rows.sort(key=lambda r: order.get((r["dataset"], r["budget"], r["seed"]), len(order)))
+        _write_results([{c: r[c] for c in COLUMNS} for r in rows], out_path, suite)
+
+    failed: list[str] = []
     with start_pipeline_run(f"benchmark-{Path(suite_path).stem}", base.to_dict(), experiment_id=experiment_id,
                             tags=tags):
+        pending = []  # (dataset, budget, seed, domain seconds, started, future)
         for d in chosen:
             ws = out_path / "work" / d.name
             todo = [(b, s) for b in budgets for s in seeds if (d.name, b, s) not in done]
@@ -170,25 +213,21 @@ def benchmark_flow(suite_path: str, out: str, budgets: list[str] | None = None, 
                 continue
             domain_s = domain_lm(cell_params(d, "all", 0), ws, general_root, general_id, logger)
             for budget, seed in todo:
-                p = cell_params(d, budget, seed)
-                logger.info(f"{d.name} budget {budget} seed {seed}")
+                p, cell_ws = cell_params(d, budget, seed), ws / "cells" / f"{budget}-s{seed}"
+                logger.info(f"{d.name} budget {budget} seed {seed}" + (" submitted" if concurrent else ""))
                 t0 = time.perf_counter()
-                prep, evaluation, classifier_s = run_cell(p, ws / "cells" / f"{budget}-s{seed}", ws)
-                digest = key(d, budget, seed)
-                with mlflow.start_run(run_name=f"{d.name}-{budget}-s{seed}", nested=True, experiment_id=experiment_id,
-                                      tags={"dataset": d.name, "budget": budget, "seed": str(seed)}):
-                    mlflow.log_metrics({"domain_lm_s": domain_s, "cell_s": time.perf_counter() - t0})
-                    for variant, m in evaluation["variants"].items():
-                        extra = classifier_s if variant.startswith("ulmfit") else 0.0
-                        rows.append(dict(dataset=d.name, budget=budget, seed=seed, variant=variant,
-                                         error=m["error_rate"], accuracy=m["accuracy"], macro_f1=m["macro_f1"],
-                                         seconds=evaluation["seconds"][variant] + extra, n_labels=prep["n_train"],
-                                         n_test=evaluation["n_test"],
-                                         chosen=evaluation.get("chosen_on_validation", {}).get(variant, ""),
-                                         cell_digest=digest))
-                        mlflow.log_metrics({metric_key(f"{variant}.{k}"): m[k]
-                                            for k in ("error_rate", "accuracy", "macro_f1")})
-                _write_results([{c: r[c] for c in COLUMNS} for r in rows], out_path, suite)
+                if concurrent:
+                    task = cell_task.with_options(task_run_name=f"{d.name}-{budget}-s{seed}")
+                    pending.append((d, budget, seed, domain_s, t0, task.submit(p, cell_ws, ws, os.getcwd(), threads)))
+                else:
+                    record(d, budget, seed, domain_s, 0.0, run_cell(p, cell_ws, ws))
+        for d, budget, seed, domain_s, t0, future in pending:
+            future.wait()
+            if future.state.is_completed():
+                record(d, budget, seed, domain_s, time.perf_counter() - t0, future.result())
+            else:
+                failed.append(f"{d.name} budget {budget} seed {seed}: {_reason(future.state)}")
+                logger.error(f"cell {failed[-1]}")
         _write_results([{c: r[c] for c in COLUMNS} for r in rows], out_path, suite)
         write_json(out_path / "summary.json", dict(general_lm=str(general_root), general_lm_digest=general_id,
                                                    cells=len({(r["dataset"], r["budget"], r["seed"]) for r in rows})))
@@ -198,12 +237,31 @@ def benchmark_flow(suite_path: str, out: str, budgets: list[str] | None = None, 
             for d in chosen:
                 if (out_path / f"{d.name}.png").is_file():
                     log_figure_png(out_path / f"{d.name}.png", f"{d.name}.png")
+    if failed:
+        raise TransferError(f"{len(failed)} cell(s) failed, the others are in {out_path / 'results.csv'}: "
+                            + "; ".join(failed) + ". Run again with --resume to retry only them")
     return rows
 
 
+def _reason(state) -> str:
+    try:
+        state.result()
+    except Exception as e:  # noqa: BLE001  the cell's own error, whatever it was
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return state.name
+
+
 def run_benchmark(suite: str, out: str, budgets: list[str] | None = None, seeds: list[int] | None = None,
-                  general: str | None = None, resume: bool = False, datasets: list[str] | None = None) -> list[dict]:
+                  general: str | None = None, resume: bool = False, datasets: list[str] | None = None,
+                  dask_address: str | None = None, workers: int | None = None) -> list[dict]:
+    """The benchmark flow; with `dask_address` (a running scheduler) or `workers` (a local cluster of that many
+    one-thread processes), its cells run at once on Dask workers, each on its share of the cores."""
     out_path = Path(out)
     out_path.mkdir(parents=True, exist_ok=True)
-    return benchmark_flow(suite, str(out_path), budgets, seeds, general, resume, datasets)
+    args = (suite, str(out_path), budgets, seeds, general, resume, datasets)
+    runner = dask_runner(dask_address, workers)
+    if runner is None:
+        return benchmark_flow(*args)
+    threads = max(1, (os.cpu_count() or 1) // workers) if workers else None
+    return benchmark_flow.with_options(task_runner=runner)(*args, threads=threads, concurrent=True)
 

@@ -290,12 +290,16 @@ def promote(version: str = typer.Argument(..., help="Registered model version to
 
 @app.command()
 def schedule(cron: str = typer.Option(None, help="Cron expression; default: schedule.cron from params."),
+             pool: Optional[str] = typer.Option(None, "--pool", help="Deploy to this Prefect process work pool "
+                                                "(created if missing) and return; `prefect worker start --pool "
+                                                "NAME` on any machine runs the scheduled runs."),
              params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt) -> None:
-    """Serve the flow as a deployment on that cron schedule (needs a Prefect server: PREFECT_API_URL).
+    """Deploy the flow on a cron schedule (needs a Prefect server: PREFECT_API_URL).
 
-    It runs in the foreground and serves until stopped (Ctrl-C). Keep it running as a service, e.g.
-    `nohup transfer schedule > schedule.log 2>&1 &`, or a systemd unit with
-    `ExecStart=/path/to/repo/.venv/bin/transfer schedule` and `WorkingDirectory=/path/to/repo`.
+    Without --pool it serves the deployment in the foreground until stopped (Ctrl-C): one machine. Keep it
+    running as a service, e.g. `nohup transfer schedule > schedule.log 2>&1 &`, or a systemd unit with
+    `ExecStart=/path/to/repo/.venv/bin/transfer schedule` and `WorkingDirectory=/path/to/repo`. With --pool the
+    runs go to Prefect workers, which need this package installed and this workspace at the same path.
     """
     from prefect.settings import get_current_settings
 
@@ -303,8 +307,13 @@ def schedule(cron: str = typer.Option(None, help="Cron expression; default: sche
     if not get_current_settings().api.url:
         raise TransferError("schedules need a running Prefect server: start `prefect server start` and set "
                             "PREFECT_API_URL=http://127.0.0.1:4200/api (environment or `prefect config set`)")
-    from flows.deploy import serve_scheduled  # after the check: it imports mlflow and torch
+    from flows.deploy import deploy_to_pool, serve_scheduled  # after the check: it imports mlflow and torch
 
+    if pool:
+        deployment_id = deploy_to_pool(pool, str(params), set_ or [], cron)
+        console.print(f"deployed ulmfit to work pool {pool!r} (deployment {deployment_id}); start a worker with "
+                      f"`prefect worker start --pool {pool}`")
+        return
     serve_scheduled(str(params), set_ or [], cron)
 
 
@@ -443,7 +452,13 @@ def benchmark(suite: Path = typer.Option(..., "--suite", help="Suite file: base 
                                                         "pretrain stages are done; default: the suite's, else built "
                                                         "once in OUT/general."),
               resume: bool = typer.Option(False, help="Keep the rows of OUT/results.csv whose cell had the same "
-                                          "params, data and general LM; run only the missing cells.")) -> None:
+                                          "params, data and general LM; run only the missing cells."),
+              dask_address: Optional[str] = typer.Option(None, "--dask-address", envvar="TRANSFER_DASK_ADDRESS",
+                                                         help="Run the cells at once on this Dask scheduler "
+                                                         "(tcp://HOST:8786); workers must share OUT's filesystem."),
+              workers: Optional[int] = typer.Option(None, "--workers", help="Run the cells at once on a local "
+                                                    "Dask cluster of N processes (cores / N torch threads each).")
+              ) -> None:
     """Every dataset of a suite at every label budget and seed: one general LM, each dataset's domain LMs, the
     classifiers and the baselines. Writes OUT/results.csv (one row per dataset x budget x seed x variant),
     OUT/results.md (means with [min, max]) and OUT/<dataset>.png; one MLflow parent run, a nested run per cell.
@@ -459,7 +474,8 @@ def benchmark(suite: Path = typer.Option(..., "--suite", help="Suite file: base 
         raise TransferError(f"--seeds must be integers separated by commas, got {seeds!r}") from None
     with workspace_lock(0, tracked=True):
         rows = run_benchmark(str(suite), str(out), budget_list, seed_list, str(general_lm) if general_lm else None,
-                             resume, [d.strip() for d in datasets.split(",")] if datasets else None)
+                             resume, [d.strip() for d in datasets.split(",")] if datasets else None,
+                             dask_address, workers)
     from transfer.benchmark import markdown_table
 
     typer.echo(markdown_table(rows) if rows else "no cells ran")

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import csv
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import make_workspace
+from tests.processes import BIN, clean_env, free_port, start, stop
 from transfer.benchmark import load_suite, markdown_table
 from transfer.errors import TransferError
 
@@ -86,6 +89,38 @@ def test_a_suite_shares_one_general_lm_and_resumes(tmp_path):
     with open(out / "results.csv", newline="") as f:
         assert list(csv.DictReader(f)) == rows
     assert (out / "work" / "demo" / "cells" / "40-s0" / "metrics" / "evaluate.json").stat().st_mtime_ns == stamp
+
+    # the same suite on a real Dask cluster (a scheduler and two one-thread workers), one worker killed mid-cell:
+    # every cell still ends done, with the sequential run's rows to the last digit (wall time aside)
+    port = free_port()
+    env = clean_env(tmp_path / "dask-home")  # one torch thread per worker
+    scheduler = start([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+                      env, ws, tmp_path / "scheduler.log")
+    address = f"tcp://127.0.0.1:{port}"
+    workers = [start([str(BIN / "dask"), "worker", address, "--nthreads", "1", "--nworkers", "1", "--no-dashboard",
+                      "--memory-limit", "0"], env, ws, tmp_path / f"worker{i}.log") for i in range(2)]
+    try:
+        env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{ws / 'mlflow.db'}")
+        proc = subprocess.Popen([TRANSFER, "benchmark", "--suite", "suite.yaml", "--out", "out-dask", "--general-lm",
+                                 "out/general", "--dask-address", address], cwd=ws, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        deadline, killed = time.monotonic() + 600, False
+        while proc.poll() is None and time.monotonic() < deadline:  # a classifier is training: kill a worker
+            if list((ws / "out-dask" / "work").glob("*/cells/*/artifacts/train_classifier/checkpoint-*.pt")):
+                os.killpg(workers[0].pid, signal.SIGKILL)
+                killed = True
+                break
+            time.sleep(0.2)
+        output, _ = proc.communicate(timeout=900)
+        assert proc.returncode == 0, output[-3000:]
+        assert killed, "no cell was training while the benchmark ran"
+    finally:
+        for p in (*workers, scheduler):
+            stop(p)
+    with open(ws / "out-dask" / "results.csv", newline="") as f:
+        on_dask = list(csv.DictReader(f))
+    drop = lambda r: {k: v for k, v in r.items() if k != "seconds"}  # noqa: E731
+    assert [drop(r) for r in on_dask] == [drop(r) for r in rows]
 
 
 def test_suite_errors_name_the_file_and_key(tmp_path):

@@ -104,3 +104,48 @@ def test_scheduled_deployment_is_registered_and_a_triggered_run_completes(tmp_pa
     finally:
         for proc, _ in reversed(procs.values()):  # the runner first, then the server it talks to
             stop(proc)
+
+
+def test_a_work_pool_deployment_runs_on_a_prefect_worker_and_registers_a_model(tmp_path):
+    """`transfer schedule --pool` creates the process pool and the deployment and returns; a real `prefect worker`
+    picks up a triggered run, which trains in the workspace and registers a model version."""
+    from mlflow import MlflowClient
+
+    ws = make_workspace(tmp_path / "ws", FAST)
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = clean_env(tmp_path / "prefect-home", MLFLOW_TRACKING_URI=f"sqlite:///{ws / 'mlflow.db'}",
+                    PREFECT_API_URL=api, PREFECT_WORKER_QUERY_SECONDS="2")
+    procs: dict[str, tuple[subprocess.Popen, Path]] = {}
+    try:
+        log = tmp_path / "server.log"
+        procs["prefect server"] = (start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
+                                          "--port", str(port)], env, tmp_path, log), log)
+        poll("healthy Prefect server", lambda: httpx.get(f"{api}/health", timeout=5).status_code == 200,
+             READY_S, procs, every=1)
+        r = subprocess.run([str(BIN / "transfer"), "schedule", "--pool", "local", "--cron", CRON], env=env, cwd=ws,
+                           capture_output=True, text=True, timeout=READY_S)
+        assert r.returncode == 0, r.stdout + r.stderr
+        pool = httpx.get(f"{api}/work_pools/local", timeout=10).json()
+        assert pool["type"] == "process"
+
+        log = tmp_path / "worker.log"
+        procs["prefect worker"] = (start([str(BIN / "prefect"), "worker", "start", "--pool", "local"], env,
+                                         tmp_path, log), log)
+        r = subprocess.run([str(BIN / "prefect"), "deployment", "run", "ulmfit/nightly"], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=READY_S)
+        assert r.returncode == 0, r.stdout + r.stderr
+        run_id = re.search(r"UUID: ([0-9a-f-]{36})", r.stdout).group(1)
+
+        def finished():
+            run = httpx.get(f"{api}/flow_runs/{run_id}", timeout=10).json()
+            return run if run.get("state_type") in TERMINAL else None
+
+        run = poll("finished flow run", finished, RUN_S, procs, every=3)
+        assert run["state_type"] == "COMPLETED", (run["state_name"], tail(procs["prefect worker"][1]))
+        assert run["work_pool_name"] == "local"
+        versions = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"]).search_model_versions()
+        assert len(versions) == 1  # the run trained in the workspace and registered its classifier
+    finally:
+        for proc, _ in reversed(procs.values()):
+            stop(proc)
