@@ -51,6 +51,9 @@ class HP:
     early_stop_patience: int | None = None
     seed: int = 0
     precision: str = "fp32"
+    warmup_min_steps: int = 0
+    spike_factor: float | None = None
+    max_recoveries: int = 3
 
 
 def worker(cfg: dict) -> dict:

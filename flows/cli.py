@@ -166,18 +166,6 @@ def lr_find(params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
                   "accuracy (on AG News the fixed 2e-2 beat it; docs/results/README.md, Ablations).")
 
 
-def _existing_tracking_uri() -> str:
-    """The tracking URI for reading the registry; a SQLite store must exist (a read must not create an empty one)."""
-    from tasks.tracking import tracking_uri
-
-    uri = tracking_uri()
-    db = uri.removeprefix("sqlite:///").split("?")[0]
-    if uri.startswith("sqlite:///") and db != ":memory:" and not Path(db).is_file():
-        raise TransferError(f"{db}: no MLflow tracking database there, so no registered models (`transfer run` "
-                            "creates it; or set MLFLOW_TRACKING_URI)")
-    return uri
-
-
 @app.command()
 def predict(texts: list[str] = typer.Argument(..., help="One or more texts to classify."),
             model: str = typer.Option(None, "--model", "-m", help="MLflow model URI (default: models:/<registry.model_name>@champion) or a bundle folder."),
@@ -198,11 +186,11 @@ def predict(texts: list[str] = typer.Argument(..., help="One or more texts to cl
     else:
         import mlflow
 
-        from tasks.tracking import tracking_uri
+        from tasks.tracking import existing_tracking_uri, tracking_uri
         from transfer.config import load_params
 
         uri = model or f"models:/{load_params(params).registry.model_name}@champion"
-        mlflow.set_tracking_uri(_existing_tracking_uri() if uri.startswith(("models:/", "runs:/")) else tracking_uri())
+        mlflow.set_tracking_uri(existing_tracking_uri() if uri.startswith(("models:/", "runs:/")) else tracking_uri())
         try:
             loaded = mlflow.pyfunc.load_model(uri)
         except Exception as e:
@@ -251,13 +239,14 @@ def serve(model: str = typer.Option(None, "--model", "-m", help="MLflow model UR
     import uvicorn
 
     from tasks.serving import create_app, load_model
+    from tasks.tracking import existing_tracking_uri
     from transfer.config import load_params
 
     uri = model or f"models:/{load_params(params).registry.model_name}@champion"
     if uri.startswith(("models:/", "runs:/")):
         import mlflow
 
-        mlflow.set_tracking_uri(_existing_tracking_uri())
+        mlflow.set_tracking_uri(existing_tracking_uri())
     loaded, classes = load_model(uri)
     console.print(f"serving {uri} ({', '.join(classes)}) on http://{host}:{port}/invocations")
     uvicorn.run(create_app(loaded, classes, uri, max_body_kb * 1024), host=host, port=port, log_level="warning")
@@ -270,18 +259,13 @@ def promote(version: str = typer.Argument(..., help="Registered model version to
     from mlflow import MlflowClient
 
     from tasks.registry import promote as gate
-    from tasks.tracking import tracking_uri
+    from tasks.registry import version_metrics
+    from tasks.tracking import existing_tracking_uri
     from transfer.config import load_params
 
     p = load_params(params, set_ or []).registry
-    client = MlflowClient(tracking_uri=_existing_tracking_uri())
-    try:
-        mv = client.get_model_version(p.model_name, version)
-    except Exception:
-        raise TransferError(f"model {p.model_name!r} has no version {version!r} in {tracking_uri()}") from None
-    metrics = {k.removeprefix("metrics."): float(v) for k, v in mv.tags.items() if k.startswith("metrics.")}
-    if not metrics and mv.run_id:
-        metrics = client.get_run(mv.run_id).data.metrics
+    client = MlflowClient(tracking_uri=existing_tracking_uri())
+    metrics = version_metrics(client, p.model_name, version)
     # the tfidf baseline and chance figures come from the version's tags, written when it was registered
     d = gate(p.model_name, version, metrics, p.metric, p.min_delta, p.min_accuracy, client=client,
              min_delta_over_baseline=p.min_delta_over_baseline, require_above_chance=p.require_above_chance)
@@ -325,9 +309,8 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print the status 
 
     Reads metrics/ and the training checkpoints only; safe to run beside a running pipeline.
     """
-    from rich.markup import escape
-
-    from transfer.status import describe_sweep, format_duration, sweep_progress, workspace_status
+    from flows.status_view import print_status
+    from transfer.status import sweep_progress, workspace_status
 
     stages = workspace_status(Path("."))
     sweep = sweep_progress(Path("."))
@@ -335,38 +318,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print the status 
     if as_json:
         typer.echo(json.dumps(dict(lock_held=held, stages=stages, sweep=sweep), indent=2))
         return
-    t = Table(title=f"workspace {Path.cwd()}")
-    for col in ("stage", "state", "details"):
-        t.add_column(col)
-    colour = {"done": "green", "training": "yellow", "waiting": "dim", "not started": "dim"}
-    for s in stages:
-        lines = [s["summary"]] if s["summary"] and s["state"] == "done" else []
-        if s["summary"] and s["state"] == "waiting":
-            lines = [f"[dim]earlier run: {s['summary']}[/]"]
-        finished = [c["name"] for c in s["checkpoints"] if c["finished"] and not c["earlier_run"]]
-        earlier = [c["name"] for c in s["checkpoints"] if c["earlier_run"]]
-        if s["state"] == "training" and finished:
-            lines.append(f"finished: {', '.join(finished)}")
-        if earlier:
-            lines.append(f"[dim]from the earlier run, replaced as this one reaches them: {', '.join(earlier)}[/]")
-        for c in s["checkpoints"]:
-            if c.get("unreadable"):
-                lines.append(f"[red]unreadable checkpoint[/] {escape(c['unreadable'])}")
-                continue
-            if c["finished"] or c["earlier_run"]:
-                continue
-            total, epochs_in_all = c["total_steps"], c["total_epochs"]
-            of = f"/{total:,} ({100 * c['step'] / max(total, 1):.0f}%)" if total else ""
-            # the epoch in progress; a checkpoint written after the last epoch, before the finished one, has none
-            epoch = c["epochs_done"] + 1 if not epochs_in_all else min(c["epochs_done"] + 1, epochs_in_all)
-            epochs = f", epoch {epoch}" + (f"/{epochs_in_all}" if epochs_in_all else "")
-            eta = f", ~{format_duration(c['eta_s'])} to go" if c["eta_s"] is not None else ""
-            lines.append(f"{c['name']}: step {c['step']:,}{of}{epochs}, {format_duration(c['train_s'])} trained{eta}")
-        t.add_row(s["stage"], f"[{colour[s['state']]}]{s['state']}[/]", "\n".join(lines))
-    out = Console()
-    out.print(t)
-    if sweep is not None:
-        out.print(describe_sweep(sweep, running=held))
+    print_status(stages, sweep, held)
     if any(s["state"] == "training" for s in stages):
         console.print("a transfer process is running in this workspace" if held else
                       "no transfer process holds the workspace lock: unfinished checkpoints resume on the next run "

@@ -21,6 +21,7 @@ from tasks.cache import cache_dir, content_digest
 from tasks.tracking import ensure_experiment, log_figure_png, metric_key, start_pipeline_run
 from transfer.config import Params, load_params
 from transfer.io_utils import write_csv, write_json
+from transfer.status import SweepProgress
 from transfer.plots import plot_sample_efficiency
 from transfer.stages import Workspace, stage_inputs
 
@@ -82,10 +83,7 @@ def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | 
     done = {(r["budget"], r["seed"]) for r in rows}
     # for `transfer status`: which cell runs, and the wall time a cell takes
     plan = [(b, s) for b in budgets for s in seeds]
-    progress = dict(cells=plan, kept=[c for c in plan if c in done], done=[], current=None, current_started=None,
-                    started=time.time(), finished=None)
-    progress_path = paths.metrics("sample_efficiency_progress")
-    write_json(progress_path, progress)
+    progress = SweepProgress(root_path, plan, [c for c in plan if c in done])
     experiment_id = ensure_experiment(base.mlflow.experiment, root_path / base.mlflow.artifact_location)
     with start_pipeline_run(f"sample-efficiency-{run_name(base)}", base.to_dict(), experiment_id=experiment_id,
                             tags={"experiment": "sample-efficiency", "resumed_cells": str(len(done))}):
@@ -97,7 +95,7 @@ def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | 
                     logger.info(f"budget {budget} seed {seed}: kept from {csv_path}")
                     continue
                 t0 = time.time()
-                write_json(progress_path, {**progress, "current": [budget, seed], "current_started": t0})
+                progress.begin(budget, seed)
                 p = cell(budget, seed)
                 digest = cell_digest(p, root_path)
                 results, states = run_stage_tasks(p, paths, log_to_mlflow=False)
@@ -113,13 +111,12 @@ def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | 
                                      params_digest=digest))
                     mlflow.log_metric(metric_key(f"{variant}.error.b{budget}"), m["error_rate"], step=seed)
                 write_csv(csv_path, rows)  # after every cell: an interrupted sweep keeps what it finished
-                progress["done"].append(dict(budget=budget, seed=seed, seconds=time.time() - t0))
-                write_json(progress_path, progress)
+                progress.done(budget, seed, time.time() - t0)
         transductive = " (LM also tuned on test texts)" if base.data.domain_include_test else ""
         png = plot_sample_efficiency(rows, paths.plot("sample_efficiency.png"),
                                      f"test error vs labelled examples{transductive} (mean, min-max over seeds)")
         write_json(paths.metrics("sample_efficiency"), _summary(rows))
-        write_json(progress_path, {**progress, "finished": time.time()})
+        progress.finish()
         mlflow.log_artifact(str(csv_path))
         log_figure_png(png, "sample_efficiency.png")
     return rows

@@ -11,6 +11,7 @@ from tasks import dvc_state
 from tasks.cache import cache_dir
 from tasks.pipeline import RETRIES, log_stage, promote_task, register_classifier, stage_task, transient_only
 from tasks.tracking import ensure_experiment, start_pipeline_run
+from transfer import rules
 from transfer.config import Params, load_params
 from transfer.demo import make_demo
 from transfer.stages import STAGES, Workspace
@@ -72,7 +73,8 @@ def ulmfit_flow(params_path: str = "params.yaml", overrides: list[str] | None = 
             logger.info("classifier unchanged (cached): no new model version; the registry stays as it is")
         elif promote and evaluation["champion_candidate"]:
             version, _ = register_classifier(p, evaluation, root_path)
-            decision = promote_task(p, version, evaluation)
+            # the gate judges by the metric the data calls for (rules: macro-F1 on imbalanced classes)
+            decision = promote_task(rules.apply(p, results["prepare"]), version, evaluation)
             summary["registered_version"] = version
             summary["promotion"] = dict(promoted=decision.promoted, reason=decision.reason,
                                         champion_version=decision.champion_version)

@@ -98,11 +98,33 @@ def log_stage(stage: str, params: Params, result: dict, cached: bool, root: Path
                 log_figure_png(paths.plot(png), f"plots/{png}")
         if stage == "prepare":
             mlflow.log_artifact(str(paths.art("prepare", "data_report.json")))
+        if stage in TRAINED:
+            _log_trained_model(stage, params, paths)
         if stage == "tokenize":
             mlflow.log_artifact(str(paths.art("tokenize", "spm.model")), artifact_path="tokenizer")
         if stage == "evaluate":
             mlflow.log_artifact(str(paths.art("evaluate", "report.json")))
         return run.info.run_id
+
+
+TRAINED = {"pretrain": "pretrain", "finetune_lm": "finetune_lm", "train_classifier": "classifier"}
+
+
+def _log_trained_model(stage: str, params: Params, paths: Workspace) -> None:
+    """The weights a training stage made, with the tokenizer and the architecture to load them (data only:
+    state_dicts for `torch.load(weights_only=True)`), tagged with the device and precision they trained at."""
+    from transfer.device import describe, resolved_precision
+
+    section = TRAINED[stage]
+    mlflow.set_tags({"device": describe(), "precision": resolved_precision(params.section(section)["precision"])})
+    if stage == "train_classifier":
+        mlflow.log_artifacts(str(paths.art(stage, "model")), artifact_path="model")
+        return
+    for direction in params.model.directions:
+        mlflow.log_artifact(str(paths.art(stage, f"lm-{direction}.pt")), artifact_path="model")
+    mlflow.log_artifact(str(paths.art("tokenize", "spm.model")), artifact_path="model")
+    arch = dict(params.section("model"), vocab_size=json.loads(paths.metrics("tokenize").read_text())["vocab_size"])
+    mlflow.log_dict(arch, "model/architecture.json")
 
 
 def _scalar_metrics(stage: str, metrics: dict) -> dict:

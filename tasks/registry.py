@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from tasks.tracking import tracking_uri
 from transfer.errors import TransferError
 
-__all__ = ["CHAMPION", "CHALLENGER", "Decision", "promote", "alias_version"]
+__all__ = ["CHAMPION", "CHALLENGER", "Decision", "promote", "alias_version", "version_metrics"]
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 _EPS = 1e-12  # float slack so 0.8 counts as >= 0.7 + 0.1
@@ -39,6 +39,18 @@ def alias_version(client: MlflowClient, model_name: str, alias: str) -> ModelVer
     # get_model_version_by_alias raises INVALID_PARAMETER_VALUE for a missing alias; the alias map doesn't
     version = client.get_registered_model(model_name).aliases.get(alias)
     return None if version is None else client.get_model_version(model_name, str(version))
+
+
+def version_metrics(client: MlflowClient, model_name: str, version: str) -> dict[str, float]:
+    """The test metrics recorded for a version: its `metrics.*` tags, else its run's metrics."""
+    from transfer.errors import TransferError
+
+    try:
+        mv = client.get_model_version(model_name, version)
+    except Exception:
+        raise TransferError(f"model {model_name!r} has no version {version!r} in {client.tracking_uri}") from None
+    metrics = {k.removeprefix("metrics."): float(v) for k, v in mv.tags.items() if k.startswith("metrics.")}
+    return metrics or (client.get_run(mv.run_id).data.metrics if mv.run_id else {})
 
 
 def _recorded_metric(client: MlflowClient, version: ModelVersion, metric: str) -> float | None:

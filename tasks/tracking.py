@@ -44,6 +44,8 @@ __all__ = [
     "metric_key",
     "step_metrics_listener",
     "mark_killed_runs",
+    "existing_tracking_uri",
+    "sqlite_path",
 ]
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
@@ -87,6 +89,26 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a `sqlite:///` tracking URI; None for other stores and in-memory databases."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    db = uri.removeprefix("sqlite:///").split("?")[0]
+    return None if db == ":memory:" else Path(db)
+
+
+def existing_tracking_uri() -> str:
+    """The tracking URI for reading the registry; a SQLite store must exist (a read must not create an empty one)."""
+    from transfer.errors import TransferError
+
+    uri = tracking_uri()
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        raise TransferError(f"{db}: no MLflow tracking database there, so no registered models (`transfer run` "
+                            "creates it; or set MLFLOW_TRACKING_URI)")
+    return uri
+
+
 def _client() -> MlflowClient:
     return MlflowClient(tracking_uri=tracking_uri())
 
@@ -97,11 +119,8 @@ def init_store() -> None:
     MLflow migrates a new database in many steps; a process killed midway would leave a store that every
     later run fails to open ("table ... already exists").
     """
-    uri = tracking_uri()
-    if not uri.startswith("sqlite:///"):
-        return
-    db = Path(uri.removeprefix("sqlite:///").split("?")[0])
-    if db.exists() or str(db) == ":memory:":
+    db = sqlite_path(tracking_uri())
+    if db is None or db.exists():
         return
     tmp = db.with_name(f".{db.name}.tmp-{os.getpid()}")
     try:

@@ -31,6 +31,9 @@ def test_rules_follow_length_size_balance_and_unlabelled_texts(workspace):
     imbalanced = resolve(_stats(100, 20, ["a"] * 9 + ["b"]), p)
     assert imbalanced["classifier.class_weights"]["value"] and not short["classifier.class_weights"]["value"]
     assert "9.0" in imbalanced["classifier.class_weights"]["why"]
+    # the gate judges imbalanced sets by macro-F1, balanced ones by the configured metric
+    assert imbalanced["registry.metric"]["value"] == "macro_f1" and "registry.metric" not in short
+    assert apply(p, {"rules": imbalanced}).registry.metric == "macro_f1"
 
 
 def test_prepare_records_the_rules_and_the_classifier_stages_read_them(workspace):

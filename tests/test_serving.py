@@ -200,3 +200,37 @@ def test_the_registered_model_is_data_only_and_loads_through_the_installed_packa
     model, classes = load_model(f"models:/{MODEL}@champion")
     assert set(classes) == CLASSES
     assert set(model.predict(__import__("pandas").DataFrame({"text": TEXTS}))["label"]) <= CLASSES
+
+
+def test_every_training_stage_logs_a_loadable_model_with_its_device(trained):
+    """pretrain and finetune_lm log their LMs (state_dicts + tokenizer + architecture), train_classifier its
+    bundle; each run says which device and precision trained it."""
+    import json as _json
+
+    import mlflow
+    import torch
+    from mlflow import MlflowClient
+
+    from transfer.evaluate import Predictor
+    from transfer.model import LanguageModel, lm_config
+
+    ws, env = trained
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([client.get_experiment_by_name("transfer").experiment_id], max_results=1000)
+    by_stage = {r.data.tags.get("stage"): r for r in runs if r.data.tags.get("cache") == "miss"}
+    for stage in ("pretrain", "finetune_lm"):
+        run = by_stage[stage]
+        assert run.data.tags["device"].startswith(("cpu: ", "cuda: ")) and run.data.tags["precision"] in ("fp32", "bf16")
+        local = Path(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="model",
+                                                         dst_path=str(ws / f"dl-{stage}")))
+        arch = _json.loads((local / "architecture.json").read_text())
+        model = LanguageModel(lm_config(arch["vocab_size"], 0.0, emb_size=arch["emb_size"],
+                                        hidden_size=arch["hidden_size"], n_layers=arch["n_layers"]))
+        model.load_state_dict(torch.load(local / "lm-fwd.pt", weights_only=True))
+        assert (local / "spm.model").is_file()
+    run = by_stage["train_classifier"]
+    assert run.data.tags["device"].startswith(("cpu: ", "cuda: "))
+    local = Path(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="model",
+                                                     dst_path=str(ws / "dl-classifier")))
+    assert Predictor.from_dir(local).predict_proba(TEXTS).shape == (len(TEXTS), len(CLASSES))

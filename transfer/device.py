@@ -15,7 +15,7 @@ import torch
 
 from transfer.errors import TransferError
 
-__all__ = ["pick_device", "keep_freed_memory", "cpu_supports_bf16", "autocast"]
+__all__ = ["pick_device", "keep_freed_memory", "cpu_supports_bf16", "autocast", "describe", "resolved_precision"]
 
 
 def pick_device() -> torch.device:
@@ -52,6 +52,26 @@ def cpu_supports_bf16() -> bool:
     except OSError:  # not Linux: no cheap, reliable way to tell
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def describe(device: torch.device | None = None) -> str:
+    """What trains: the GPU's name, or the CPU's model name and what it computes natively ('cpu: AMD EPYC ... (AVX2)')."""
+    device = device or pick_device()
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    try:
+        name = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        name = "unknown model"
+    return f"cpu: {name} ({torch.backends.cpu.get_cpu_capability()})"
+
+
+def resolved_precision(precision: str, device: torch.device | None = None) -> str:
+    """What `autocast` makes of a precision setting here: 'bf16' or 'fp32'."""
+    device = device or pick_device()
+    bf16 = precision == "bf16" or (precision == "auto" and (device.type == "cuda" or cpu_supports_bf16()))
+    return "bf16" if bf16 else "fp32"
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:

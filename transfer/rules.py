@@ -63,6 +63,10 @@ def resolve(stats: dict[str, Any], p: Params) -> dict[str, dict[str, Any]]:
     weighted = stats["imbalance"] > IMBALANCED
     out["classifier.class_weights"] = dict(value=weighted, why=f"largest class / smallest {stats['imbalance']:.1f}"
                                            f" ({'above' if weighted else 'within'} {IMBALANCED:g})")
+    # on imbalanced classes accuracy rewards predicting the big class: the gate judges macro-F1 there
+    if weighted and p.registry.metric == "accuracy":
+        out["registry.metric"] = dict(value="macro_f1", why=f"imbalanced classes ({stats['imbalance']:.1f}): "
+                                      "accuracy would reward the largest class")
     return out
 
 

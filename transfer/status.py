@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 from transfer.errors import TransferError
+from transfer.io_utils import write_json
 from transfer.train import load_checkpoint
 
-__all__ = ["checkpoint_progress", "workspace_status", "sweep_progress", "describe_sweep", "format_duration"]
+__all__ = ["checkpoint_progress", "workspace_status", "SweepProgress", "sweep_progress", "describe_sweep",
+           "format_duration"]
 
 TRAINING_STAGES = ("pretrain", "finetune_lm", "train_classifier")
 
@@ -113,9 +115,38 @@ def workspace_status(root: Path = Path(".")) -> list[dict]:
     return out
 
 
+class SweepProgress:
+    """The sweep's progress file, `metrics/sample_efficiency_progress.json`: its layout is defined here only.
+
+    {"cells": [[budget, seed], ...], "kept": [...], "done": [{"budget", "seed", "seconds"}], "current": [budget,
+    seed] or null, "current_started", "started", "finished": unix seconds or null}. Written by the sweep
+    (flows/experiments.py), read by `transfer status`.
+    """
+
+    def __init__(self, root: Path, plan: list[tuple[str, int]], kept: list[tuple[str, int]]):
+        self.path = progress_path(root)
+        self.state = dict(cells=plan, kept=kept, done=[], current=None, current_started=None, started=time.time(),
+                          finished=None)
+        write_json(self.path, self.state)
+
+    def begin(self, budget: str, seed: int) -> None:
+        write_json(self.path, {**self.state, "current": [budget, seed], "current_started": time.time()})
+
+    def done(self, budget: str, seed: int, seconds: float) -> None:
+        self.state["done"].append(dict(budget=budget, seed=seed, seconds=seconds))
+        write_json(self.path, self.state)
+
+    def finish(self) -> None:
+        write_json(self.path, {**self.state, "finished": time.time()})
+
+
+def progress_path(root: Path) -> Path:
+    return root / "metrics" / "sample_efficiency_progress.json"
+
+
 def sweep_progress(root: Path = Path(".")) -> dict | None:
-    """The last sample-efficiency sweep's progress file (see `flows.experiments`), or None if there is none."""
-    path = root / "metrics" / "sample_efficiency_progress.json"
+    """The last sample-efficiency sweep's progress (`SweepProgress`), or None if there is none."""
+    path = progress_path(root)
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:

@@ -54,6 +54,21 @@ class TrainHP(Protocol):
     max_recoveries: int
 
 
+class FinetuneHP(TrainHP, Protocol):
+    """What LM fine-tuning reads besides (config_train.FinetuneLMParams)."""
+
+    freeze_epochs: int  # epochs with only the last layer group trainable, before `epochs` with all
+
+
+class ClassifierHP(TrainHP, Protocol):
+    """What classifier training reads besides (config_train.ClassifierParams)."""
+
+    unfreeze_epochs: list[int]  # gradual unfreezing: epochs of phase k, which trains the last k groups
+    min_steps_per_phase: int
+    unfreeze_lr_mult: list[float] | None
+    class_weights: bool
+
+
 @dataclass(frozen=True)
 class Phase:
     """Train the layer groups from `freeze_to` on (0 = all) for `epochs` epochs at `lr_mult` times the peak lr."""

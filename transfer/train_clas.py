@@ -21,7 +21,7 @@ from transfer.data import ClassificationLoader
 from transfer.device import autocast, pick_device
 from transfer.model import TextClassifier, freeze_to, layer_groups
 from transfer.schedules import discriminative_lrs
-from transfer.train import Phase, StepLoss, TrainHP, fit
+from transfer.train import ClassifierHP, Phase, StepLoss, fit
 
 __all__ = [
     "class_weights", "classifier_logits", "pooled_features", "unfreezing_phases", "recalibrate_batchnorm",
@@ -124,13 +124,13 @@ def recalibrate_batchnorm(model: TextClassifier, loader: ClassificationLoader, p
         bn.momentum = m
 
 
-def _classifier_phases(model: TextClassifier, train: ClassificationLoader, hp: TrainHP) -> list[Phase]:
+def _classifier_phases(model: TextClassifier, train: ClassificationLoader, hp: ClassifierHP) -> list[Phase]:
     return unfreezing_phases(len(layer_groups(model)), list(hp.unfreeze_epochs), len(train),
-                             getattr(hp, "min_steps_per_phase", 0), getattr(hp, "unfreeze_lr_mult", None))
+                             hp.min_steps_per_phase, hp.unfreeze_lr_mult)
 
 
 def train_classifier(model: TextClassifier, train: ClassificationLoader, valid: ClassificationLoader | None,
-                     hp: TrainHP, **kw) -> list[dict[str, float]]:
+                     hp: ClassifierHP, **kw) -> list[dict[str, float]]:
     """Gradual unfreezing (`hp.unfreeze_epochs` per phase) with STLR and discriminative LRs in each.
 
     After every epoch the head's BatchNorm statistics are recomputed in eval mode (see recalibrate_batchnorm).
@@ -145,7 +145,7 @@ def train_classifier(model: TextClassifier, train: ClassificationLoader, valid: 
         return validate_on(m) if validate_on is not None else {}
 
     kw.setdefault("desc", "classifier")
-    weight = class_weights(train.labels, model.n_classes) if getattr(hp, "class_weights", False) else None
+    weight = class_weights(train.labels, model.n_classes) if hp.class_weights else None
     step = functools.partial(_clas_step, weight=weight)
     return fit(model, phases, train.batches, lambda e: len(train), step, validate, hp,
                monitor=("valid_loss", "min"), unit="doc", **kw)
@@ -218,7 +218,7 @@ def valley_lr(lrs: list[float], losses: list[float]) -> float:
     return float(lrs[max(0, start + int(third) + int(third / 2))])
 
 
-def classifier_lr_find(model: TextClassifier, train: ClassificationLoader, hp: TrainHP, num_it: int = 100,
+def classifier_lr_find(model: TextClassifier, train: ClassificationLoader, hp: ClassifierHP, num_it: int = 100,
                        progress: bool = True) -> list[dict[str, Any]]:
     """The LR finder before each phase of gradual unfreezing, with each phase trained as configured in between.
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from transfer.data import LMLoader
 from transfer.device import autocast
 from transfer.model import LanguageModel
-from transfer.train import Phase, StepLoss, TrainHP, fit
+from transfer.train import FinetuneHP, Phase, StepLoss, TrainHP, fit
 
 __all__ = ["lm_perplexity", "pretrain_lm", "finetune_lm"]
 
@@ -64,8 +64,8 @@ def pretrain_lm(model: LanguageModel, train: LMLoader, valid: LMLoader | None, h
     return _fit_lm(model, [Phase(0, hp.epochs)], train, valid, hp, desc=desc, **kw)
 
 
-def finetune_lm(model: LanguageModel, train: LMLoader, valid: LMLoader | None, hp: TrainHP,
+def finetune_lm(model: LanguageModel, train: LMLoader, valid: LMLoader | None, hp: FinetuneHP,
                 desc: str = "finetune_lm", **kw) -> list[dict[str, float]]:
     """`hp.freeze_epochs` with only embedding + decoder trainable, then `hp.epochs` with everything."""
-    phases = [Phase(-1, hp.freeze_epochs)] if getattr(hp, "freeze_epochs", 0) else []
+    phases = [Phase(-1, hp.freeze_epochs)] if hp.freeze_epochs else []
     return _fit_lm(model, phases + [Phase(0, hp.epochs)], train, valid, hp, desc=desc, **kw)
