@@ -24,6 +24,9 @@ data_app = typer.Typer(help="Get data: the synthetic demo set, or public dataset
 app.add_typer(data_app, name="data")
 experiment_app = typer.Typer(help="Experiments that measure the recipe.", no_args_is_help=True)
 app.add_typer(experiment_app, name="experiment")
+lm_app = typer.Typer(help="General LMs built once for a fleet: publish them to the MLflow registry.",
+                     no_args_is_help=True)
+app.add_typer(lm_app, name="lm")
 console = Console(stderr=True)
 DEBUG = {"on": False}
 
@@ -126,6 +129,10 @@ def stage(name: str = typer.Argument(..., help="prepare | tokenize | pretrain | 
     p = load_params(params, set_ or [])  # bad params fail before torch/pandas are imported
     from transfer.stages import run_stage
 
+    if name in ("tokenize", "pretrain") and p.pretrain.from_lm:
+        from tasks.lm_registry import resolve
+
+        p, _ = resolve(p, Path("."))
     with workspace_lock(lock_timeout):
         if name == "prepare" and not all(Path(w).exists() for w in (p.data.train, p.data.test, *p.data.general) if w):
             from flows.ulmfit import ensure_demo_data  # imports prefect (seconds): only when an input is missing
@@ -201,6 +208,23 @@ def predict(texts: list[str] = typer.Argument(..., help="One or more texts to cl
         rows = list(zip(out["label"], out["probability"]))
     for text, (label, prob) in zip(texts, rows):
         typer.echo(f"{label}\t{prob:.3f}\t{text[:80]}")
+
+
+@lm_app.command("publish")
+def lm_publish(name: str = typer.Option("general-lm", help="Registered model name."),
+               params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt) -> None:
+    """Register this workspace's tokenizer and general LMs (both directions) as one MLflow model version.
+
+    It becomes `models:/NAME/latest`, and takes the alias `champion` when its held-out perplexity on the same
+    evaluation text is the lowest. Another workspace then sets `pretrain.from_lm: models:/NAME@champion` (or
+    `models:/NAME/latest`, or `models:/NAME/3`) and skips tokenizing and pretraining."""
+    from tasks.lm_registry import publish
+    from transfer.config import load_params
+
+    p = load_params(params, set_ or [])
+    version, champion, score = publish(Path("."), p, name)
+    console.print(f"{name} version {version} (perplexity {score:,.1f}): models:/{name}/latest"
+                  + (f", models:/{name}@champion" if champion else "; the champion stays (lower perplexity)"))
 
 
 @app.command("dvc-yaml")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import mlflow
 from prefect import flow, get_run_logger
 
-from tasks import dvc_state
+from tasks import dvc_state, lm_registry
 from tasks.cache import cache_dir
 from tasks.pipeline import RETRIES, log_stage, promote_task, register_classifier, stage_task, transient_only
 from tasks.tracking import ensure_experiment, start_pipeline_run
@@ -53,6 +54,8 @@ def ulmfit_flow(params_path: str = "params.yaml", overrides: list[str] | None = 
     logger = get_run_logger()
     root_path = Path(root).resolve()
     p = load_params(root_path / params_path, overrides or [])
+    lm_uri = p.pretrain.from_lm
+    p, lm_version = lm_registry.resolve(p, root_path)  # pretrain.from_lm: models:/... -> a local folder
     ensure_demo_data(p, root_path)
     paths = Workspace(root_path)
     # dvc.lock describes params.yaml: a run with overrides or another params file leaves it alone
@@ -64,6 +67,8 @@ def ulmfit_flow(params_path: str = "params.yaml", overrides: list[str] | None = 
     experiment_id = ensure_experiment(p.mlflow.experiment, root_path / p.mlflow.artifact_location)
     with start_pipeline_run(run_name(p), p.to_dict(), experiment_id=experiment_id) as parent:
         summary["mlflow_run_id"] = parent.info.run_id
+        if lm_version:  # the run links the published LM it started from
+            mlflow.set_tags({"pretrain.from_lm": lm_uri, "pretrain.from_lm.version": lm_version})
         results, summary["stages"] = run_stage_tasks(p, paths, dvc=dvc)
         evaluation = results["evaluate"]
         summary["variants"] = evaluation["variants"]

@@ -85,6 +85,8 @@ class LMTrainParams(TrainParams):
 @dataclass(frozen=True)
 class PretrainParams(LMTrainParams):
     valid_frac: float = 0.02  # share of the general stream held out to report perplexity
+    from_lm: str | None = None  # a published general LM (models:/NAME@ALIAS, or its folder): tokenize and
+    # pretrain take its tokenizer and weights instead of training (`transfer lm publish` makes one)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -10,6 +10,7 @@ from transfer.data import LMLoader, load_token_stream
 from transfer.device import pick_device
 from transfer.io_utils import file_digest, write_json
 from transfer.stages.lm import language_model, lm_outs, train_directions
+from transfer.stages.published import copy_file, read_manifest
 from transfer.stages.record import Stage
 from transfer.stages.workspace import Workspace, encode_stream
 from transfer.train import load_checkpoint
@@ -17,7 +18,15 @@ from transfer.train_lm import lm_perplexity, pretrain_lm
 
 
 def pretrain(p: Params, ws: Workspace) -> dict:
-    """General-domain LM, one per direction; reports perplexity on a held-out tail and on `data.lm_eval`."""
+    """General-domain LM, one per direction; reports perplexity on a held-out tail and on `data.lm_eval`. With
+    `pretrain.from_lm`, the published LM's weights and the figures it was published with."""
+    if p.pretrain.from_lm:
+        folder, lm = read_manifest(p)
+        for direction in p.model.directions:
+            copy_file(folder / f"lm-{direction}.pt", ws.art("pretrain", f"lm-{direction}.pt"))
+        metrics = {d: dict(lm["metrics"].get(d, {}), from_lm=str(folder)) for d in p.model.directions}
+        write_json(ws.metrics("pretrain"), metrics)
+        return metrics
     path = ws.art("tokenize", "general.npy")
     metrics = train_directions(STAGE, p, ws, p.pretrain, load_token_stream(path), p.pretrain.valid_frac,
                                lambda d: None, pretrain_lm, lambda d: file_digest(path))
@@ -40,8 +49,8 @@ STAGE = Stage(
     summary="general-domain AWD-LSTM LM, one per direction (+ perplexity on data.lm_eval files)",
     params=lambda p: {"model": p.section("model"), "pretrain": p.section("pretrain"),
                       "data": {k: p.section("data")[k] for k in ("lm_eval", "encoding", "general_doc_per")}},
-    deps=lambda p, ws: [ws.art("tokenize", "general.npy"), ws.art("tokenize", "spm.model"),
-                        *map(Path, p.data.lm_eval)],
+    deps=lambda p, ws: [Path(p.pretrain.from_lm)] if p.pretrain.from_lm else
+    [ws.art("tokenize", "general.npy"), ws.art("tokenize", "spm.model"), *map(Path, p.data.lm_eval)],
     outs=lm_outs("pretrain"),
     plots=("pretrain_loss.png",), curves=("pretrain_history.csv",), history="pretrain_history.csv",
 )

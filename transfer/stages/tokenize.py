@@ -9,6 +9,7 @@ from transfer.config import Params
 from transfer.corpus import iter_text_documents
 from transfer.data import load_token_stream
 from transfer.io_utils import write_json
+from transfer.stages.published import copy_file, read_manifest
 from transfer.stages.record import Stage
 from transfer.stages.workspace import Workspace, encode_stream
 from transfer.tokenizer import train_tokenizer
@@ -17,7 +18,14 @@ DATA_KEYS = ("general", "general_doc_per", "encoding")
 
 
 def tokenize(p: Params, ws: Workspace) -> dict:
-    """Train SentencePiece on the general corpus and encode it into a memory-mapped token stream."""
+    """Train SentencePiece on the general corpus and encode it into a memory-mapped token stream; with
+    `pretrain.from_lm`, take the published LM's tokenizer instead."""
+    if p.pretrain.from_lm:
+        folder, lm = read_manifest(p)
+        copy_file(folder / "spm.model", ws.art("tokenize", "spm.model"))
+        metrics = dict(vocab_size=lm["vocab_size"], general_tokens=lm.get("general_tokens", 0), from_lm=str(folder))
+        write_json(ws.metrics("tokenize"), metrics)
+        return metrics
     d, t = p.data, p.tokenizer
     general = lambda: iter_text_documents(list(d.general), d.encoding, d.general_doc_per)  # noqa: E731
     t0 = time.perf_counter()
@@ -34,7 +42,8 @@ def tokenize(p: Params, ws: Workspace) -> dict:
 STAGE = Stage(
     name="tokenize", run=tokenize,
     summary="SentencePiece on the general corpus, encoded into a memory-mapped token stream",
-    params=lambda p: {"data": {k: p.section("data")[k] for k in DATA_KEYS}, "tokenizer": p.section("tokenizer")},
-    deps=lambda p, ws: [Path(g) for g in p.data.general],
+    params=lambda p: {"data": {k: p.section("data")[k] for k in DATA_KEYS}, "tokenizer": p.section("tokenizer"),
+                      "pretrain": {"from_lm": p.pretrain.from_lm}},
+    deps=lambda p, ws: [Path(p.pretrain.from_lm)] if p.pretrain.from_lm else [Path(g) for g in p.data.general],
     outs=lambda p, ws: [ws.art("tokenize"), ws.metrics("tokenize")],
 )
