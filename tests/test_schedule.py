@@ -47,6 +47,17 @@ def poll(what: str, fn, timeout: float, procs: dict[str, tuple[subprocess.Popen,
         time.sleep(every)
 
 
+def start_server(tmp_path: Path, env: dict, port: int, procs: dict[str, tuple[subprocess.Popen, Path]]) -> str:
+    """A real `prefect server` on 127.0.0.1:`port`, added to `procs`, once healthy; -> its API URL."""
+    api = f"http://127.0.0.1:{port}/api"
+    log = tmp_path / "server.log"
+    procs["prefect server"] = (start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
+                                      "--port", str(port)], env, tmp_path, log), log)
+    poll("healthy Prefect server", lambda: httpx.get(f"{api}/health", timeout=5).status_code == 200,
+         READY_S, procs, every=1)
+    return api
+
+
 def test_schedule_without_server_fails_with_a_clear_message(tmp_path):
     env = clean_env(tmp_path / "prefect-home")
     r = subprocess.run([str(BIN / "transfer"), "schedule", "--cron", CRON], env=env, cwd=tmp_path,
@@ -64,11 +75,7 @@ def test_scheduled_deployment_is_registered_and_a_triggered_run_completes(tmp_pa
     client_env = {**env, "PREFECT_API_URL": api}
     procs: dict[str, tuple[subprocess.Popen, Path]] = {}
     try:
-        log = tmp_path / "server.log"
-        procs["prefect server"] = (start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
-                                          "--port", str(port)], env, tmp_path, log), log)
-        poll("healthy Prefect server", lambda: httpx.get(f"{api}/health", timeout=5).status_code == 200,
-             READY_S, procs, every=1)
+        start_server(tmp_path, env, port, procs)
 
         log = tmp_path / "schedule.log"
         procs["transfer schedule"] = (start([str(BIN / "transfer"), "schedule", "--cron", CRON], client_env, ws, log),
@@ -118,11 +125,7 @@ def test_a_work_pool_deployment_runs_on_a_prefect_worker_and_registers_a_model(t
                     PREFECT_API_URL=api, PREFECT_WORKER_QUERY_SECONDS="2")
     procs: dict[str, tuple[subprocess.Popen, Path]] = {}
     try:
-        log = tmp_path / "server.log"
-        procs["prefect server"] = (start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
-                                          "--port", str(port)], env, tmp_path, log), log)
-        poll("healthy Prefect server", lambda: httpx.get(f"{api}/health", timeout=5).status_code == 200,
-             READY_S, procs, every=1)
+        start_server(tmp_path, env, port, procs)
         r = subprocess.run([str(BIN / "transfer"), "schedule", "--pool", "local", "--cron", CRON], env=env, cwd=ws,
                            capture_output=True, text=True, timeout=READY_S)
         assert r.returncode == 0, r.stdout + r.stderr
