@@ -437,8 +437,9 @@ def benchmark(suite: Path = typer.Option(..., "--suite", help="Suite file: base 
               ) -> None:
     """Every dataset of a suite at every label budget and seed: one general LM, each dataset's domain LMs, the
     classifiers and the baselines. Writes OUT/results.csv (one row per dataset x budget x seed x variant),
-    OUT/results.md (means with [min, max]) and OUT/<dataset>.png; one MLflow parent run, a nested run per cell.
-    Interrupted? Run it again with --resume: finished cells are kept, training resumes from its checkpoints."""
+    OUT/results.md (means, with the min and max over seeds) and OUT/<dataset>.png; one MLflow parent run, a
+    nested run per cell. Interrupted? Run it again with --resume: finished cells are kept, training resumes from
+    its checkpoints."""
     from flows.benchmark import run_benchmark
     from transfer.benchmark import check_budget
 
