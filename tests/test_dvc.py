@@ -261,9 +261,9 @@ def _flow(repo: Repo) -> subprocess.CompletedProcess:
 
 
 def test_one_state_for_both_engines(pipeline):
-    """After `dvc repro`, `transfer run` trains nothing; a figures edit keeps both engines cached; a model edit
-    retrains pretrain (not from its old checkpoint) under `transfer run`, which records it for DVC. Runs last:
-    it leaves the repo re-committed, with the model edit undone."""
+    """After `dvc repro`, `transfer run` trains nothing; a figures edit keeps both engines cached; a fix to the
+    model retrains pretrain (new weights, not its old checkpoint) under `transfer run`, which records it for
+    DVC. Runs last: it leaves the repo re-committed, with the model edit undone."""
     import torch
 
     repo, *_ = pipeline
@@ -281,10 +281,15 @@ def test_one_state_for_both_engines(pipeline):
 
         ckpt = repo.root / "artifacts" / "pretrain" / "checkpoint-fwd.pt"
         old = torch.load(ckpt, weights_only=True)["fingerprint"]
-        model.write_bytes(originals[model] + b"\n# a fix\n")
+        old_weights = torch.load(repo.root / "artifacts" / "pretrain" / "lm-fwd.pt", weights_only=True)
+        fixed = originals[model].replace(b"uniform_(-0.1, 0.1)", b"uniform_(-0.05, 0.05)")  # the embedding init
+        assert fixed != originals[model]
+        model.write_bytes(fixed)
         assert {"pretrain", "finetune_lm", "train_classifier", "evaluate"} <= set(repo.status())
         _flow(repo)
         assert torch.load(ckpt, weights_only=True)["fingerprint"] != old  # retrained, not resumed as done
+        new_weights = torch.load(repo.root / "artifacts" / "pretrain" / "lm-fwd.pt", weights_only=True)
+        assert not torch.equal(new_weights["encoder.embed.weight"], old_weights["encoder.embed.weight"])
         after = _mtimes(repo.root)
         assert after["artifacts/pretrain/lm-fwd.pt"] != before["artifacts/pretrain/lm-fwd.pt"]
         assert after["artifacts/tokenize/spm.model"] == before["artifacts/tokenize/spm.model"]

@@ -1,0 +1,70 @@
+"""Wall time of `transfer benchmark` in order, on a local Dask cluster of 1 worker, and of 2 workers.
+
+    python bench/scale_out.py [WORKDIR]
+
+A tiny suite on the synthetic demo data (the test suite's tiny params; 2 datasets x 2 budgets x 2 seeds = 8
+cells), one general LM built first and shared (`--general-lm`), so each run times the domain LMs and the cells.
+Prints one line per mode: wall seconds, and the CSV's rows compared with the sequential run's (wall time aside).
+On 2 cores little speed-up is expected: the workers share the cores the sequential run had.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.conftest import make_workspace  # noqa: E402  (the tiny params and demo data the tests use)
+
+TRANSFER = str(Path(sys.executable).with_name("transfer"))
+SUITE = """\
+params: params.yaml
+budgets: [40, all]
+seeds: [0, 1]
+overrides: ["model.directions=[fwd]", "evaluate.variants=[tfidf,ulmfit_fwd]"]
+datasets:
+  - name: demo
+    train: data/demo/train.csv
+    test: data/demo/test.csv
+  - name: demo_held_out
+    train: data/demo/train.csv
+"""
+
+
+def run(ws: Path, out: str, *args: str) -> float:
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{ws / 'mlflow.db'}")
+    t0 = time.perf_counter()
+    subprocess.run([TRANSFER, "benchmark", "--suite", "suite.yaml", "--out", out, *args], cwd=ws, env=env,
+                   check=True, capture_output=True, text=True)
+    return time.perf_counter() - t0
+
+
+def rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(f)]
+
+
+def main() -> None:
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="scale-out-"))
+    ws = make_workspace(root / "ws")
+    (ws / "suite.yaml").write_text(SUITE)
+    print(f"general LM (once): {run(ws, 'out-general', '--datasets', 'demo', '--budgets', '40', '--seeds', '0'):.1f} s")
+    general = ["--general-lm", "out-general/general"]
+    base = None
+    for label, out, extra in (("in order, in process", "out-seq", []), ("Dask, 1 local worker", "out-w1", ["--workers", "1"]),
+                              ("Dask, 2 local workers", "out-w2", ["--workers", "2"])):
+        seconds = run(ws, out, *general, *extra)
+        got = rows(ws / out / "results.csv")
+        base = base or got
+        print(f"{label:24s} {seconds:7.1f} s   {len(got)} rows, {'same as in order' if got == base else 'DIFFERENT'}")
+
+
+if __name__ == "__main__":
+    main()
