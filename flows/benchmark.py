@@ -96,7 +96,8 @@ def domain_lm(p: Params, ws: Path, general: Path, general_id: str, logger) -> fl
 
 
 @task(retries=1, retry_delay_seconds=2, retry_condition_fn=transient_only)
-def cell_task(p: Params, ws: Path, dataset_ws: Path, cwd: str, threads: int | None = None) -> tuple[dict, dict, float]:
+def cell_task(p: Params, ws: Path, dataset_ws: Path, cwd: str, threads: int | None = None,
+              ) -> tuple[dict, dict, float, float]:
     """A cell as a task: on a Dask worker (one task per process) it reads the params' relative data paths from
     `cwd`, as the flow does, and trains on `threads` torch threads (its share of the cores). A cell whose worker
     dies is run again by Dask on another; it resumes from its own checkpoints."""
@@ -106,9 +107,10 @@ def cell_task(p: Params, ws: Path, dataset_ws: Path, cwd: str, threads: int | No
         return run_cell(p, ws, dataset_ws)
 
 
-def run_cell(p: Params, ws: Path, dataset_ws: Path) -> tuple[dict, dict, float]:
-    """One budget x seed: its own prepared rows, classifiers and evaluation -> (prepare, evaluate, classifier s).
-    It reads the shared general and domain LMs through links and writes only under `ws`."""
+def run_cell(p: Params, ws: Path, dataset_ws: Path) -> tuple[dict, dict, float, float]:
+    """One budget x seed: its own prepared rows, classifiers and evaluation -> (prepare, evaluate, classifier s,
+    cell s). It reads the shared general and domain LMs through links and writes only under `ws`."""
+    started = time.perf_counter()
     paths = Workspace(ws)
     _link_parts(dataset_ws, ws, LM_PARTS + DOMAIN_PARTS)
     prep = run_stage("prepare", p, paths)
@@ -118,7 +120,7 @@ def run_cell(p: Params, ws: Path, dataset_ws: Path) -> tuple[dict, dict, float]:
     evaluation = run_stage("evaluate", p, paths)
     for ckpt in paths.art("train_classifier").glob("checkpoint-*.pt"):  # the bundle stays; ~50 MB each
         ckpt.unlink()
-    return prep, evaluation, classifier_s
+    return prep, evaluation, classifier_s, time.perf_counter() - started
 
 
 def _read_rows(path: Path) -> list[dict]:
@@ -184,8 +186,8 @@ def benchmark_flow(suite_path: str, out: str, budgets: list[str] | None = None, 
     tags = {"experiment": "benchmark", "suite": str(suite_path), "general_lm": general_id,
             "resumed_cells": str(len(done))}
 
-    def record(d: Dataset, budget: str, seed: int, domain_s: float, cell_s: float, result: tuple) -> None:
-        prep, evaluation, classifier_s = result
+    def record(d: Dataset, budget: str, seed: int, domain_s: float, result: tuple) -> None:
+        prep, evaluation, classifier_s, cell_s = result
         with mlflow.start_run(run_name=f"{d.name}-{budget}-s{seed}", nested=True, experiment_id=experiment_id,
                               tags={"dataset": d.name, "budget": budget, "seed": str(seed)}):
             mlflow.log_metrics({"domain_lm_s": domain_s, "cell_s": cell_s})
@@ -204,7 +206,7 @@ def benchmark_flow(suite_path: str, out: str, budgets: list[str] | None = None, 
     failed: list[str] = []
     with start_pipeline_run(f"benchmark-{Path(suite_path).stem}", base.to_dict(), experiment_id=experiment_id,
                             tags=tags):
-        pending = []  # (dataset, budget, seed, domain seconds, started, future)
+        pending = []  # (dataset, budget, seed, domain seconds, future)
         for d in chosen:
             ws = out_path / "work" / d.name
             todo = [(b, s) for b in budgets for s in seeds if (d.name, b, s) not in done]
@@ -215,16 +217,15 @@ def benchmark_flow(suite_path: str, out: str, budgets: list[str] | None = None, 
             for budget, seed in todo:
                 p, cell_ws = cell_params(d, budget, seed), ws / "cells" / f"{budget}-s{seed}"
                 logger.info(f"{d.name} budget {budget} seed {seed}" + (" submitted" if concurrent else ""))
-                t0 = time.perf_counter()
                 if concurrent:
                     task = cell_task.with_options(task_run_name=f"{d.name}-{budget}-s{seed}")
-                    pending.append((d, budget, seed, domain_s, t0, task.submit(p, cell_ws, ws, os.getcwd(), threads)))
+                    pending.append((d, budget, seed, domain_s, task.submit(p, cell_ws, ws, os.getcwd(), threads)))
                 else:
-                    record(d, budget, seed, domain_s, 0.0, run_cell(p, cell_ws, ws))
-        for d, budget, seed, domain_s, t0, future in pending:
+                    record(d, budget, seed, domain_s, run_cell(p, cell_ws, ws))
+        for d, budget, seed, domain_s, future in pending:
             future.wait()
             if future.state.is_completed():
-                record(d, budget, seed, domain_s, time.perf_counter() - t0, future.result())
+                record(d, budget, seed, domain_s, future.result())
             else:
                 failed.append(f"{d.name} budget {budget} seed {seed}: {_reason(future.state)}")
                 logger.error(f"cell {failed[-1]}")

@@ -129,11 +129,11 @@ def stage(name: str = typer.Argument(..., help="prepare | tokenize | pretrain | 
     p = load_params(params, set_ or [])  # bad params fail before torch/pandas are imported
     from transfer.stages import run_stage
 
-    if name in ("tokenize", "pretrain") and p.pretrain.from_lm:
-        from tasks.lm_registry import resolve
-
-        p, _ = resolve(p, Path("."))
     with workspace_lock(lock_timeout):
+        if name in ("tokenize", "pretrain") and p.pretrain.from_lm:
+            from tasks.lm_registry import resolve
+
+            p, _ = resolve(p, Path("."))
         if name == "prepare" and not all(Path(w).exists() for w in (p.data.train, p.data.test, *p.data.general) if w):
             from flows.ulmfit import ensure_demo_data  # imports prefect (seconds): only when an input is missing
 
@@ -429,9 +429,10 @@ def benchmark(suite: Path = typer.Option(..., "--suite", help="Suite file: base 
                                                         "once in OUT/general."),
               resume: bool = typer.Option(False, help="Keep the rows of OUT/results.csv whose cell had the same "
                                           "params, data and general LM; run only the missing cells."),
-              dask_address: Optional[str] = typer.Option(None, "--dask-address", envvar="TRANSFER_DASK_ADDRESS",
+              dask_address: Optional[str] = typer.Option(None, "--dask-address",
                                                          help="Run the cells at once on this Dask scheduler "
-                                                         "(tcp://HOST:8786); workers must share OUT's filesystem."),
+                                                         "(tcp://HOST:8786; default $TRANSFER_DASK_ADDRESS); "
+                                                         "workers must share OUT's filesystem."),
               workers: Optional[int] = typer.Option(None, "--workers", help="Run the cells at once on a local "
                                                     "Dask cluster of N processes (cores / N torch threads each).")
               ) -> None:

@@ -15,11 +15,12 @@ DASK_ADDRESS_ENV = "TRANSFER_DASK_ADDRESS"
 def dask_runner(address: str | None = None, workers: int | None = None):
     """A prefect-dask `DaskTaskRunner` for `address` (else $TRANSFER_DASK_ADDRESS), or for a local cluster of
     `workers` processes with one thread each; None when neither is asked for (run in order, in this process)."""
-    address = address or os.environ.get(DASK_ADDRESS_ENV) or None
     if address and workers:
         raise TransferError("give --dask-address (a running cluster) or --workers (a local one), not both")
     if workers is not None and workers < 1:
         raise TransferError(f"--workers must be at least 1, got {workers}")
+    if not workers:  # the environment's cluster, unless the command line asked for a local one
+        address = address or os.environ.get(DASK_ADDRESS_ENV) or None
     if not address and not workers:
         return None
     from prefect_dask import DaskTaskRunner

@@ -27,12 +27,14 @@ def run_name(p: Params) -> str:
             f"-{'+'.join(p.model.directions)}-labels{labels}")
 
 
-def ensure_demo_data(p: Params, root: Path) -> None:
-    """Generate the synthetic demo set when params point at it and it is not there yet."""
+def ensure_demo_data(p: Params, root: Path) -> bool:
+    """Generate the synthetic demo set when params point at it and it is not there yet; -> whether it did."""
     wanted = [p.data.train, p.data.test, *p.data.general]
     # only a missing demo folder: a mistyped file name under it must fail as "file not found", not regenerate
     if any(str(w).startswith(str(DEMO_DIR)) for w in wanted if w) and not (root / DEMO_DIR).exists():
         make_demo(root / DEMO_DIR)
+        return True
+    return False
 
 
 def _flow_run_name() -> str:
@@ -56,12 +58,12 @@ def ulmfit_flow(params_path: str = "params.yaml", overrides: list[str] | None = 
     p = load_params(root_path / params_path, overrides or [])
     lm_uri = p.pretrain.from_lm
     p, lm_version = lm_registry.resolve(p, root_path)  # pretrain.from_lm: models:/... -> a local folder
-    ensure_demo_data(p, root_path)
+    made_demo = ensure_demo_data(p, root_path)
     paths = Workspace(root_path)
     # dvc.lock describes params.yaml: a run with overrides or another params file leaves it alone
     dvc = not overrides and (root_path / params_path).resolve() == root_path / "params.yaml" and \
         dvc_state.is_dvc_project(root_path)
-    if dvc and not dvc_state.up_to_date(root_path, "demo_data"):
+    if dvc and made_demo:  # what `dvc repro` would have run for demo_data, so record it as DVC would
         dvc_state.commit(root_path, "demo_data")
     summary: dict = {"run_name": run_name(p), "stages": {}}
     experiment_id = ensure_experiment(p.mlflow.experiment, root_path / p.mlflow.artifact_location)

@@ -19,7 +19,6 @@ hit: they are absent when the first key is computed and present on every later l
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import dataclasses
 import datetime

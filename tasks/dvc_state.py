@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -29,7 +30,7 @@ def _repo(root: Path) -> Iterator[object]:
         yield repo
 
 
-def _stages(repo, root: Path) -> set[str]:
+def _stages(repo) -> set[str]:
     return {s.name for s in repo.index.stages if getattr(s, "name", None)}
 
 
@@ -38,17 +39,22 @@ def up_to_date(root: Path, stage: str) -> bool:
     if not is_dvc_project(root):
         return False
     with _repo(root) as repo:
-        if stage not in _stages(repo, root) or not (root / "dvc.lock").is_file():
+        if stage not in _stages(repo) or not (root / "dvc.lock").is_file():
             return False
         return repo.status(targets=[stage]) == {}
 
 
 def commit(root: Path, stage: str) -> bool:
-    """Record `stage`'s current deps, params and outs in dvc.lock and the DVC cache; False if not a DVC stage."""
+    """Record `stage`'s current deps, params and outs in dvc.lock and the DVC cache; False if not a DVC stage or
+    if DVC could not (a lock held by a running `dvc` command): the stage's outputs stand, and it is warned."""
     if not is_dvc_project(root):
         return False
-    with _repo(root) as repo:
-        if stage not in _stages(repo, root):
-            return False
-        repo.commit(stage, force=True)
+    try:
+        with _repo(root) as repo:
+            if stage not in _stages(repo):
+                return False
+            repo.commit(stage, force=True)
+    except Exception as e:  # noqa: BLE001  DVC's own errors; the work is done, only the record is missing
+        warnings.warn(f"{stage}: not recorded in dvc.lock ({type(e).__name__}: {e}); `dvc commit {stage}` records it")
+        return False
     return True

@@ -23,6 +23,8 @@ import pandas as pd
 import yaml
 from mlflow import MlflowClient
 
+from tasks.cache import content_digest
+from tasks.pyfunc_model import pip_requirements
 from tasks.registry import alias_version
 from tasks.tracking import ensure_experiment, git_tags, tracking_uri
 from transfer.config import Params
@@ -30,16 +32,18 @@ from transfer.errors import TransferError
 from transfer.io_utils import file_digest
 from transfer.stages import Workspace
 from transfer.stages.published import MANIFEST
+from transfer.stages.record import searched_folder
 
 __all__ = ["publish", "resolve", "CHAMPION"]
 
 CHAMPION = "champion"
 
 
-def _score(p: Params, metrics: dict) -> tuple[str, float]:
+def _score(p: Params, metrics: dict, root: Path) -> tuple[str, float]:
     """(what the perplexity was measured on, the best direction's perplexity there): versions compare on equal text."""
     if p.data.lm_eval and all("lm_eval_ppl" in m for m in metrics.values()):
-        on = "lm_eval:" + hashlib.sha256("".join(file_digest(f) for f in sorted(p.data.lm_eval)).encode()).hexdigest()[:16]
+        digests = "".join(content_digest(searched_folder(root / f)) for f in sorted(p.data.lm_eval))
+        on = "lm_eval:" + hashlib.sha256(digests.encode()).hexdigest()[:16]
         return on, min(m["lm_eval_ppl"] for m in metrics.values())
     return "held-out general tail", min(m["valid_ppl"] for m in metrics.values())
 
@@ -54,7 +58,7 @@ def publish(root: Path, p: Params, name: str) -> tuple[str, bool, float]:
     if not directions:
         raise TransferError(f"{ws.art('pretrain')}: no lm-<direction>.pt for model.directions {p.model.directions}")
     tokenize = json.loads(ws.metrics("tokenize").read_text())
-    score_on, score = _score(p, {d: metrics[d] for d in directions})
+    score_on, score = _score(p, {d: metrics[d] for d in directions}, root)
     corpus = ws.art("tokenize", "general.npy")
     manifest = dict(vocab_size=tokenize["vocab_size"], emb_size=p.model.emb_size, hidden_size=p.model.hidden_size,
                     n_layers=p.model.n_layers, directions=directions, metrics={d: metrics[d] for d in directions},
@@ -74,7 +78,7 @@ def publish(root: Path, p: Params, name: str) -> tuple[str, bool, float]:
                               tags={"stage": "publish", "score_on": score_on}):
             mlflow.log_metrics({f"{d}.valid_ppl": metrics[d]["valid_ppl"] for d in directions} | {"score": score})
             info = mlflow.pyfunc.log_model(name="general_lm", loader_module=__name__, data_path=str(folder),
-                                           registered_model_name=name, pip_requirements=_requirements())
+                                           registered_model_name=name, pip_requirements=pip_requirements())
     client = MlflowClient(tracking_uri=tracking_uri())
     version = str(info.registered_model_version)
     for key, value in (("score", score), ("score_on", score_on)):
@@ -86,12 +90,6 @@ def publish(root: Path, p: Params, name: str) -> tuple[str, bool, float]:
     return version, better, score
 
 
-def _requirements() -> list[str]:
-    from importlib.metadata import version
-
-    return [f"{pkg}=={version(pkg)}" for pkg in ("torch", "sentencepiece", "numpy", "pandas", "mlflow")]
-
-
 def resolve(p: Params, root: Path) -> tuple[Params, str | None]:
     """`p` with `pretrain.from_lm` fetched into `artifacts/published/` when it is a models:/ or runs:/ URI;
     -> (params, the model version it resolved to, or None)."""
@@ -101,13 +99,28 @@ def resolve(p: Params, root: Path) -> tuple[Params, str | None]:
     mlflow.set_tracking_uri(tracking_uri())
     try:
         version = _version_of(uri)
-        slug = uri.split(":/", 1)[1].replace("/", "-").replace("@", "-")
-        local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(root / "artifacts" / "published" / slug)))
+        name = uri.split(":/", 1)[1].split("@")[0].split("/")[0]
+        # one folder per version: an alias that moves never mixes two versions' files
+        dest = root / "artifacts" / "published" / f"{name}-{version}"
+        local = dest if (dest / "MLmodel").is_file() else _download(uri, dest)
     except Exception as e:
         raise TransferError(f"pretrain.from_lm: {uri!r} could not be fetched: {str(e).splitlines()[0]}") from None
     data = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"]["data"]
     pretrain = dataclasses.replace(p.pretrain, from_lm=str(local / data))
     return dataclasses.replace(p, pretrain=pretrain), version
+
+
+def _download(uri: str, dest: Path) -> Path:
+    """The model's files into `dest`, whole or not at all (a temp folder renamed into place)."""
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp)))
+        (local if local != tmp else tmp).rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
 
 
 def _version_of(uri: str) -> str:

@@ -19,6 +19,7 @@ from transfer import progress
 from transfer.config import Params, flatten
 from transfer.errors import TransferError
 from transfer.stages import STAGES, Workspace, run_stage, stage_inputs, stage_params
+from transfer.stages.record import searched_folder
 
 __all__ = ["stage_task", "log_stage", "register_classifier", "promote_task", "RETRIES", "transient_only"]
 
@@ -45,7 +46,7 @@ def stage_key(args: dict[str, Any]) -> dict[str, Any]:
     hashed by content), the code it runs (its own import closure) and where it writes (by location)."""
     stage, p, root = STAGES[args["stage"]], args["params"], Path(args["root"]).resolve()
     ws = Workspace(root)
-    inputs = [Path(x) if Path(x).is_absolute() else root / x for x in stage.deps(p, ws)]
+    inputs = [searched_folder(x if x.is_absolute() else root / x) for x in map(Path, stage.deps(p, ws))]
     return {"stage": stage.name, "params": stage.params(p), "inputs": inputs, "code": stage.code_digest(),
             "root": str(root)}
 
@@ -151,18 +152,12 @@ def register_classifier(params: Params, evaluation: dict, root: Path) -> tuple[s
         info = mlflow.pyfunc.log_model(  # data only: weights, tokenizer, meta.json; the code is the installed package
             name="classifier", loader_module=pyfunc_model.LOADER_MODULE, data_path=str(bundle),
             signature=infer_signature(example, output), input_example=example,
-            pip_requirements=_pip_requirements(), registered_model_name=params.registry.model_name,
+            pip_requirements=pyfunc_model.pip_requirements(), registered_model_name=params.registry.model_name,
         )
         metrics = evaluation["variants"][champion_variant]
         mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
         mlflow.set_tag("variant", champion_variant)
         return str(info.registered_model_version), run.info.run_id
-
-
-def _pip_requirements() -> list[str]:
-    from importlib.metadata import version
-
-    return [f"{pkg}=={version(pkg)}" for pkg in ("torch", "sentencepiece", "numpy", "pandas", "mlflow")]
 
 
 @task(retries=3, retry_delay_seconds=2, retry_condition_fn=transient_only)

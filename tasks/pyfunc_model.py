@@ -18,6 +18,13 @@ MAX_CHARS = 20_000  # longer texts keep their end: the classifier pools only the
 LOADER_MODULE = __name__
 
 
+def pip_requirements() -> list[str]:
+    """What a model's environment needs, pinned to this one's versions."""
+    from importlib.metadata import version
+
+    return [f"{pkg}=={version(pkg)}" for pkg in ("torch", "sentencepiece", "numpy", "pandas", "mlflow")]
+
+
 def bad_input(msg: str) -> MlflowException:
     return MlflowException(msg, error_code=INVALID_PARAMETER_VALUE)  # served as HTTP 400
 

@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from transfer.errors import TransferError
 
@@ -130,6 +131,8 @@ def _payload(raw: bytes) -> Any:
         raise RequestError(400, "the body is not UTF-8") from None
     except json.JSONDecodeError as e:
         raise RequestError(400, f"the body is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        raise RequestError(400, f"the body is not valid JSON ({e})") from None
     except RecursionError:
         raise RequestError(400, "the JSON body nests too deeply") from None
 
@@ -157,7 +160,8 @@ def create_app(model: Any, classes: list[str], source: str, max_body: int = MAX_
         if ctype != "application/json":
             raise RequestError(415, f"Content-Type must be application/json, got {ctype or 'none'}")
         texts = texts_from_payload(_payload(await _body(request, max_body)))
-        out: pd.DataFrame = model.predict(pd.DataFrame({"text": texts}))
+        # in a worker thread: a batch being scored must not hold up /health or other requests
+        out: pd.DataFrame = await run_in_threadpool(model.predict, pd.DataFrame({"text": texts}))
         return JSONResponse({"predictions": out.to_dict(orient="records")})
 
     return app

@@ -65,6 +65,7 @@ MALFORMED = [
     ("json_string", "POST", "/invocations", JSON, b'"a text"'),
     ("json_list", "POST", "/invocations", JSON, b'["a text"]'),
     ("numbers", "POST", "/invocations", JSON, b'{"instances": [1, 2]}'),
+    ("huge_integer", "POST", "/invocations", JSON, b'{"inputs": [' + b"9" * 5000 + b"]}"),
     ("null_text", "POST", "/invocations", JSON, b'{"inputs": [null]}'),
     ("bool_text", "POST", "/invocations", JSON, b'{"inputs": [true]}'),
     ("object_text", "POST", "/invocations", JSON, b'{"inputs": [{"a": 1}]}'),

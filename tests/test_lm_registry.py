@@ -46,6 +46,11 @@ def test_a_published_lm_starts_another_workspace_without_pretraining(tmp_path, m
     tuned = [json.loads((w / "metrics" / "finetune_lm.json").read_text())["fwd"]["valid_ppl"] for w in (a, b)]
     assert tuned[0] == tuned[1]  # the same domain LM as the workspace that built the general LM
 
+    # a second publish of the same LM is the newest version, but not better: the champion stays version 1
+    assert publish(a, load_params(a / "params.yaml"), "general-lm")[:2] == ("2", False)
+    assert _stages(b, ["pretrain.from_lm=models:/general-lm@champion"], "tokenize") == "1"
+    assert (b / "artifacts" / "published" / "general-lm-1" / "MLmodel").is_file()
+
     scores = mlflow.pyfunc.load_model("models:/general-lm@champion").predict(["the ships of the harbour sailed"])
     assert 1 < scores["perplexity"][0] < 10_000
 

@@ -117,3 +117,15 @@ def test_control_characters_become_spaces_and_are_counted(workspace):
     assert "\x00" not in written and "\x07" not in written and "\x1b" not in written
     assert "nul inside and a bell too" in written
     assert metrics["data"]["control_chars_cleaned"] == 2
+
+
+def test_a_class_that_is_copies_of_one_text_cannot_be_split_and_says_so(workspace):
+    import pytest
+
+    from transfer.errors import TransferError
+
+    df = _train(workspace)
+    rare = pd.DataFrame({"text": ["the only words of this class"] * 3, "label": ["rare"] * 3})
+    _write(workspace, pd.concat([df, rare, df.iloc[:5]], ignore_index=True))  # a copy elsewhere: group branch
+    with pytest.raises(TransferError, match=r"train.csv: class 'rare' has 1 distinct text.*\(validation split\)"):
+        run_stage("prepare", load_params(workspace / "params.yaml"), Workspace(workspace))

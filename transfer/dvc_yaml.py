@@ -12,7 +12,7 @@ from pathlib import Path
 
 from transfer.config import Params
 from transfer.stages import STAGES, Workspace
-from transfer.stages.record import LIBRARY
+from transfer.stages.record import LIBRARY, searched_folder
 
 __all__ = ["render", "diff"]
 
@@ -47,11 +47,7 @@ CURVES = {
 
 
 def _dep(path: Path) -> str:
-    text = path.as_posix()
-    if any(c in text for c in "*?["):  # DVC has no glob deps: the folder the pattern searches
-        parts = path.parts
-        text = Path(*parts[: next(i for i, part in enumerate(parts) if any(c in part for c in "*?["))]).as_posix()
-    return text
+    return searched_folder(path).as_posix()
 
 
 def _params(p: Params, stage: str) -> list[str]:

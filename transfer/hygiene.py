@@ -87,8 +87,15 @@ def group_split(df: pd.DataFrame, n_out: int, seed: int) -> tuple[pd.DataFrame, 
         return rest.reset_index(drop=True), out.reset_index(drop=True)
     reps = np.flatnonzero(first.to_numpy())  # positions of each text's first copy
     rep_labels = df["label"].to_numpy()[reps]
-    n_classes = len(set(rep_labels))
+    distinct = pd.Series(rep_labels).value_counts()
+    if distinct.min() < 2:
+        raise TransferError(f"class {distinct.idxmin()!r} has {int(distinct.min())} distinct text; a split that keeps "
+                            f"copies of a text together needs at least 2 distinct texts per class")
+    n_classes = len(distinct)
     n_groups_out = min(len(reps) - n_classes, max(n_classes, round(len(reps) * n_out / len(df))))
+    if n_groups_out < n_classes:
+        raise TransferError(f"{len(reps)} distinct texts are too few to hold out a split with every one of "
+                            f"{n_classes} classes on both sides")
     _, out_reps = train_test_split(reps, test_size=n_groups_out, stratify=rep_labels, random_state=seed)
     held = keys.isin(set(keys.iloc[out_reps])).to_numpy()
     return df[~held].reset_index(drop=True), df[held].reset_index(drop=True)

@@ -15,7 +15,7 @@ from transfer.stages import evaluate, finetune_lm, prepare, pretrain, tokenize, 
 from transfer.stages.record import Stage
 from transfer.stages.workspace import Workspace
 
-__all__ = ["STAGES", "Stage", "Workspace", "run_stage", "stage_params", "stage_inputs", "stage_outputs"]
+__all__ = ["STAGES", "Stage", "Workspace", "run_stage", "stage_params", "stage_inputs"]
 
 STAGES: dict[str, Stage] = {m.STAGE.name: m.STAGE for m in (prepare, tokenize, pretrain, finetune_lm,
                                                               train_classifier, evaluate)}
@@ -35,11 +35,6 @@ def stage_params(p: Params, stage: str) -> dict:
 def stage_inputs(p: Params, stage: str, ws: Workspace | None = None) -> list[Path]:
     """Files and folders whose content a stage's output depends on (besides params and code)."""
     return _stage(stage).deps(p, ws or Workspace())
-
-
-def stage_outputs(p: Params, stage: str, ws: Workspace | None = None) -> list[Path]:
-    """What a finished stage leaves behind (checked before a cached result is trusted), its metrics file last."""
-    return _stage(stage).outs(p, ws or Workspace())
 
 
 def run_stage(name: str, p: Params, ws: Workspace | None = None) -> dict:

@@ -35,10 +35,12 @@ def unigram_perplexity(train: np.ndarray, valid: np.ndarray, vocab_size: int) ->
 
 
 def train_directions(stage: Stage, p: Params, ws: Workspace, hp, stream: np.ndarray, valid_frac: float,
-                     init: Callable[[str], dict | None], run: Callable, data_id: Callable[[str], object]) -> dict:
+                     init: Callable[[str], dict | None], run: Callable, data_id: Callable[[str], object],
+                     finish: bool = True) -> dict:
     """Train one LM per direction on `stream` (its last `valid_frac` held out), save lm-<direction>.pt, draw the
     loss curves; fail if an LM ends near the unigram perplexity. The checkpoint fingerprint holds the stage's
-    code digest, so a finished checkpoint of older code is retrained, never taken as done."""
+    code digest, so a finished checkpoint of older code is retrained, never taken as done. finish=False: the
+    caller writes the metrics file (it marks the stage done) after its own further work."""
     name, vocab = stage.name, ws.tokenizer()
     cut = int(len(stream) * (1 - valid_frac))
     unigram = unigram_perplexity(stream[:cut], stream[cut:], vocab.vocab_size)
@@ -73,7 +75,8 @@ def train_directions(stage: Stage, p: Params, ws: Workspace, hp, stream: np.ndar
                             + f" against {unigram:,.1f} for word frequencies alone (unigram; {name}.fail_at_unigram "
                             f"is {ratio}): the LM failed to learn. See {ws.plot(stage.plots[0])}; lower "
                             f"{name}.lr or raise {name}.warmup_min_steps")
-    write_json(ws.metrics(name), metrics)
+    if finish:
+        write_json(ws.metrics(name), metrics)
     return metrics
 
 

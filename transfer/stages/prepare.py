@@ -38,7 +38,10 @@ def _split(df: pd.DataFrame, frac: float, seed: int, what: str, source: str) -> 
     if len(df) - n_out < len(counts):
         raise TransferError(f"{source}: {len(df)} rows are too few to hold out a {what} split of {frac:.0%} "
                             f"with every one of {len(counts)} classes on both sides")
-    return hygiene.group_split(df, n_out, seed)
+    try:
+        return hygiene.group_split(df, n_out, seed)
+    except TransferError as e:  # copies of texts leave too few distinct ones: say which file
+        raise TransferError(f"{source}: {e} ({what} split)") from None
 
 
 def _subsample(df: pd.DataFrame, n: int, seed: int, source: str) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -10,7 +10,7 @@ from transfer.data import LMLoader, load_token_stream
 from transfer.device import pick_device
 from transfer.io_utils import file_digest, write_json
 from transfer.stages.lm import language_model, lm_outs, train_directions
-from transfer.stages.published import copy_file, read_manifest
+from transfer.stages.published import copy_file, published_deps, read_manifest
 from transfer.stages.record import Stage
 from transfer.stages.workspace import Workspace, encode_stream
 from transfer.train import load_checkpoint
@@ -29,7 +29,7 @@ def pretrain(p: Params, ws: Workspace) -> dict:
         return metrics
     path = ws.art("tokenize", "general.npy")
     metrics = train_directions(STAGE, p, ws, p.pretrain, load_token_stream(path), p.pretrain.valid_frac,
-                               lambda d: None, pretrain_lm, lambda d: file_digest(path))
+                               lambda d: None, pretrain_lm, lambda d: file_digest(path), finish=not p.data.lm_eval)
     if p.data.lm_eval:
         tok = ws.tokenizer()
         docs = iter_text_documents(list(p.data.lm_eval), p.data.encoding, p.data.general_doc_per)
@@ -49,7 +49,7 @@ STAGE = Stage(
     summary="general-domain AWD-LSTM LM, one per direction (+ perplexity on data.lm_eval files)",
     params=lambda p: {"model": p.section("model"), "pretrain": p.section("pretrain"),
                       "data": {k: p.section("data")[k] for k in ("lm_eval", "encoding", "general_doc_per")}},
-    deps=lambda p, ws: [Path(p.pretrain.from_lm)] if p.pretrain.from_lm else
+    deps=lambda p, ws: published_deps(p) if p.pretrain.from_lm else
     [ws.art("tokenize", "general.npy"), ws.art("tokenize", "spm.model"), *map(Path, p.data.lm_eval)],
     outs=lm_outs("pretrain"),
     plots=("pretrain_loss.png",), curves=("pretrain_history.csv",), history="pretrain_history.csv",

@@ -15,7 +15,7 @@ from transfer.config import Params
 from transfer.errors import TransferError
 from transfer.io_utils import atomic_path
 
-__all__ = ["MANIFEST", "read_manifest", "copy_file"]
+__all__ = ["MANIFEST", "read_manifest", "published_deps", "copy_file"]
 
 MANIFEST = "lm.json"
 
@@ -44,6 +44,11 @@ def read_manifest(p: Params) -> tuple[Path, dict]:
         raise TransferError(f"model.directions includes {missing[0]!r} but the published LM in {folder} has only "
                             f"{', '.join(lm.get('directions', []))}")
     return folder, lm
+
+
+def published_deps(p: Params) -> list[Path]:
+    """The published LM's folder as a dependency; a models:/ or runs:/ URI is a params value, not a file."""
+    return [] if p.pretrain.from_lm.startswith(("models:/", "runs:/")) else [Path(p.pretrain.from_lm)]
 
 
 def copy_file(src: Path, dst: Path) -> Path:

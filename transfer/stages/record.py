@@ -20,7 +20,7 @@ from transfer.config import Params
 if TYPE_CHECKING:
     from transfer.stages.workspace import Workspace
 
-__all__ = ["Stage", "module_closure", "fingerprint", "REGISTRY_MODULE", "NOT_CODE"]
+__all__ = ["Stage", "module_closure", "fingerprint", "searched_folder", "REGISTRY_MODULE", "NOT_CODE"]
 
 LIBRARY = Path(__file__).resolve().parents[1]  # transfer/
 REGISTRY_MODULE = "transfer.stages"  # its __init__ only collects the records: a stage does not run the others
@@ -66,6 +66,14 @@ class Stage:
         for module, path in self.code().items():
             h.update(f"{module}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n".encode())
         return h.hexdigest()
+
+
+def searched_folder(path: Path) -> Path:
+    """A dependency as a path that exists: a glob pattern becomes the folder before its first wildcard (DVC has
+    no glob deps, and a cache key must see the files the pattern finds)."""
+    parts = path.parts
+    wild = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), None)
+    return path if wild is None else Path(*parts[:wild])
 
 
 def fingerprint(*parts: object) -> str:

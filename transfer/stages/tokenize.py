@@ -9,7 +9,7 @@ from transfer.config import Params
 from transfer.corpus import iter_text_documents
 from transfer.data import load_token_stream
 from transfer.io_utils import write_json
-from transfer.stages.published import copy_file, read_manifest
+from transfer.stages.published import copy_file, published_deps, read_manifest
 from transfer.stages.record import Stage
 from transfer.stages.workspace import Workspace, encode_stream
 from transfer.tokenizer import train_tokenizer
@@ -44,6 +44,6 @@ STAGE = Stage(
     summary="SentencePiece on the general corpus, encoded into a memory-mapped token stream",
     params=lambda p: {"data": {k: p.section("data")[k] for k in DATA_KEYS}, "tokenizer": p.section("tokenizer"),
                       "pretrain": {"from_lm": p.pretrain.from_lm}},
-    deps=lambda p, ws: [Path(p.pretrain.from_lm)] if p.pretrain.from_lm else [Path(g) for g in p.data.general],
+    deps=lambda p, ws: published_deps(p) if p.pretrain.from_lm else [Path(g) for g in p.data.general],
     outs=lambda p, ws: [ws.art("tokenize"), ws.metrics("tokenize")],
 )
