@@ -178,19 +178,12 @@ def predict(texts: list[str] = typer.Argument(..., help="One or more texts to cl
             model: str = typer.Option(None, "--model", "-m", help="MLflow model URI (default: models:/<registry.model_name>@champion) or a bundle folder."),
             params: Path = ParamsOpt) -> None:
     """Print the predicted label and its probability for each text."""
-    if model and Path(model).is_dir() and (Path(model) / "meta.json").exists():
-        from transfer.evaluate import Predictor
+    import pandas as pd
 
-        try:
-            pred = Predictor.from_dir(Path(model))
-        except TransferError:
-            raise
-        except Exception as e:  # a hand-edited or foreign meta.json: JSONDecodeError, KeyError, TypeError ...
-            raise TransferError(f"{model}: not a loadable classifier bundle "
-                                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
-        proba = pred.predict_proba(texts)
-        rows = [(pred.classes[i], float(pr[i])) for pr, i in zip(proba, proba.argmax(1))]
-    else:
+    from tasks.pyfunc_model import load_model
+
+    uri = model
+    if not (model and Path(model).is_dir() and (Path(model) / "meta.json").exists()):
         import mlflow
 
         from tasks.tracking import existing_tracking_uri, tracking_uri
@@ -198,14 +191,9 @@ def predict(texts: list[str] = typer.Argument(..., help="One or more texts to cl
 
         uri = model or f"models:/{load_params(params).registry.model_name}@champion"
         mlflow.set_tracking_uri(existing_tracking_uri() if uri.startswith(("models:/", "runs:/")) else tracking_uri())
-        try:
-            loaded = mlflow.pyfunc.load_model(uri)
-        except Exception as e:
-            raise TransferError(f"model {uri!r} could not be loaded: {str(e).splitlines()[0]}") from None
-        import pandas as pd
-
-        out = loaded.predict(pd.DataFrame({"text": texts}))
-        rows = list(zip(out["label"], out["probability"]))
+    loaded, _ = load_model(uri)
+    out = loaded.predict(pd.DataFrame({"text": texts}))
+    rows = list(zip(out["label"], out["probability"]))
     for text, (label, prob) in zip(texts, rows):
         typer.echo(f"{label}\t{prob:.3f}\t{text[:80]}")
 
@@ -262,7 +250,8 @@ def serve(model: str = typer.Option(None, "--model", "-m", help="MLflow model UR
     Every request is checked before the model sees it: malformed ones get a 4xx naming the problem, never a 5xx."""
     import uvicorn
 
-    from tasks.serving import create_app, load_model
+    from tasks.pyfunc_model import load_model
+    from tasks.serving import create_app
     from tasks.tracking import existing_tracking_uri
     from transfer.config import load_params
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import mlflow
 import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
@@ -70,3 +71,26 @@ class TextClassifierModel:
 def _load_pyfunc(data_path: str) -> TextClassifierModel:
     """MLflow's entry point: `data_path` is the bundle folder stored with the model."""
     return TextClassifierModel(Path(data_path))
+
+
+def load_model(model: str):
+    """(model with .predict(DataFrame) -> DataFrame, classes) from a bundle folder or an MLflow model URI; a model
+    that cannot be loaded is one TransferError naming it."""
+    from transfer.errors import TransferError
+
+    if Path(model).is_dir() and (Path(model) / "meta.json").is_file():
+        try:
+            loaded = TextClassifierModel(Path(model))
+        except TransferError:
+            raise
+        except Exception as e:  # a hand-edited or foreign meta.json: JSONDecodeError, KeyError, TypeError ...
+            raise TransferError(f"{model}: not a loadable classifier bundle "
+                                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+        return loaded, loaded.predictor.classes
+    try:
+        pyfunc = mlflow.pyfunc.load_model(model)
+    except Exception as e:
+        raise TransferError(f"model {model!r} could not be loaded: {str(e).splitlines()[0]}") from None
+    schema = pyfunc.metadata.get_output_schema()  # label, probability, prob_<class> for each class
+    classes = [n.removeprefix("prob_") for n in (schema.input_names() if schema else []) if n.startswith("prob_")]
+    return pyfunc, classes

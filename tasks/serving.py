@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from transfer.errors import TransferError
 
-__all__ = ["create_app", "load_model", "texts_from_payload", "RequestError"]
+__all__ = ["create_app", "texts_from_payload", "RequestError"]
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: ~1,000 texts of 1,000 characters
 MAX_TEXTS = 1000  # per request; larger batches go in several requests
@@ -34,24 +34,6 @@ class RequestError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
-
-
-def load_model(model: str) -> tuple[Any, list[str]]:
-    """(model with .predict(DataFrame) -> DataFrame, classes) from a bundle folder or an MLflow model URI."""
-    from tasks.pyfunc_model import TextClassifierModel
-
-    if Path(model).is_dir() and (Path(model) / "meta.json").is_file():
-        loaded = TextClassifierModel(Path(model))
-        return loaded, loaded.predictor.classes
-    import mlflow
-
-    try:
-        pyfunc = mlflow.pyfunc.load_model(model)
-    except Exception as e:
-        raise TransferError(f"model {model!r} could not be loaded: {str(e).splitlines()[0]}") from None
-    schema = pyfunc.metadata.get_output_schema()  # label, probability, prob_<class> for each class
-    classes = [n.removeprefix("prob_") for n in (schema.input_names() if schema else []) if n.startswith("prob_")]
-    return pyfunc, classes
 
 
 def _strings(values: Any, where: str) -> list[str]:

@@ -183,7 +183,7 @@ def test_the_registered_model_is_data_only_and_loads_through_the_installed_packa
     import yaml
     from mlflow import MlflowClient
 
-    from tasks.serving import load_model
+    from tasks.pyfunc_model import load_model
 
     ws, env = trained
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
