@@ -44,6 +44,7 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Show full traceback
 @app.command()
 def run(params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
         promote: bool = typer.Option(True, help="Register the classifier and apply the champion gate."),
+        nproc: int = typer.Option(1, "--nproc", min=1, help="Processes per training stage (data-parallel, torch.distributed; global batch = bs x nproc)."),
         lock_timeout: float = typer.Option(0, help="Seconds to wait for another run in this workspace (0: refuse).")) -> None:
     """Run the whole pipeline as a Prefect flow (cached stages are skipped), then print a summary."""
     from transfer.config import load_params
@@ -53,7 +54,7 @@ def run(params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
 
     quiet_prefect_errors()
     with workspace_lock(lock_timeout, tracked=True):
-        summary = run_pipeline(str(params), set_ or [], ".", promote)
+        summary = run_pipeline(str(params), set_ or [], ".", promote, nproc)
     _print_summary(summary)
 
 
@@ -122,14 +123,27 @@ def _print_summary(summary: dict) -> None:
 @app.command()
 def stage(name: str = typer.Argument(..., help="prepare | tokenize | pretrain | finetune_lm | train_classifier | evaluate"),
           params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
+          nproc: int = typer.Option(1, "--nproc", min=1, help="Worker processes on this machine for a training stage (pretrain, finetune_lm, train_classifier): data-parallel, gloo on CPU, NCCL on GPUs. The global batch is bs x all processes."),
+          nnodes: str = typer.Option("1", help="Machines in the job, N or MIN:MAX; run the same command on each."),
+          rdzv_endpoint: Optional[str] = typer.Option(None, help="HOST:PORT where the machines of a multi-node job meet (torchrun's --rdzv-endpoint)."),
+          rdzv_id: Optional[str] = typer.Option(None, help="Job id, the same on every machine (default: transfer-<stage>)."),
           lock_timeout: float = LockOpt) -> None:
-    """Run one stage (what `dvc repro` calls). Reads and writes artifacts/, metrics/ and plots/."""
+    """Run one stage (what `dvc repro` calls). Reads and writes artifacts/, metrics/ and plots/.
+
+    With --nproc N, a training stage runs on N processes through torch's elastic launcher; a killed worker stops
+    the job and the same command resumes it from the last checkpoint. Multi-node: the same command on each
+    machine, with --nnodes and --rdzv-endpoint, on a workspace every machine shares (rank 0 writes it).
+    """
     from transfer.config import load_params
+    from transfer.launch import Launch
 
     p = load_params(params, set_ or [])  # bad params fail before torch/pandas are imported
+    launch = Launch(nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
     from transfer.stages import run_stage
 
-    with workspace_lock(lock_timeout):
+    # a multi-node job's machines share the workspace: the job id, not the lock, keeps it one writer (rank 0)
+    lock = contextlib.nullcontext() if launch.multi_node else workspace_lock(lock_timeout)
+    with lock:
         if name in ("tokenize", "pretrain") and p.pretrain.from_lm:
             from tasks.lm_registry import resolve
 
@@ -138,7 +152,7 @@ def stage(name: str = typer.Argument(..., help="prepare | tokenize | pretrain | 
             from flows.ulmfit import ensure_demo_data  # imports prefect (seconds): only when an input is missing
 
             ensure_demo_data(p, Path("."))
-        metrics = run_stage(name, p)
+        metrics = run_stage(name, p, launch=launch)
     typer.echo(json.dumps({k: v for k, v in metrics.items() if k != "details"}, indent=2, default=str))
 
 

@@ -51,8 +51,9 @@ def _flow_run_name() -> str:
 
 @flow(name="ulmfit", flow_run_name=_flow_run_name, log_prints=True)
 def ulmfit_flow(params_path: str = "params.yaml", overrides: list[str] | None = None, root: str = ".",
-                promote: bool = True) -> dict:
-    """Run every stage (cached on content), log to MLflow, register the classifier and apply the promotion gate."""
+                promote: bool = True, nproc: int = 1) -> dict:
+    """Run every stage (cached on content), log to MLflow, register the classifier and apply the promotion gate.
+    nproc > 1: the training stages run as data-parallel jobs of that many processes (transfer/launch.py)."""
     logger = get_run_logger()
     root_path = Path(root).resolve()
     p = load_params(root_path / params_path, overrides or [])
@@ -71,7 +72,7 @@ def ulmfit_flow(params_path: str = "params.yaml", overrides: list[str] | None = 
         summary["mlflow_run_id"] = parent.info.run_id
         if lm_version:  # the run links the published LM it started from
             mlflow.set_tags({"pretrain.from_lm": lm_uri, "pretrain.from_lm.version": lm_version})
-        results, summary["stages"] = run_stage_tasks(p, paths, dvc=dvc)
+        results, summary["stages"] = run_stage_tasks(p, paths, dvc=dvc, nproc=nproc)
         evaluation = results["evaluate"]
         summary["variants"] = evaluation["variants"]
         summary["champion_candidate"] = evaluation["champion_candidate"]
@@ -100,7 +101,8 @@ def _registered(p: Params) -> bool:
                                                                                 max_results=1))
 
 
-def run_stage_tasks(p: Params, paths: Workspace, log_to_mlflow: bool = True, dvc: bool = False) -> tuple[dict, dict]:
+def run_stage_tasks(p: Params, paths: Workspace, log_to_mlflow: bool = True, dvc: bool = False,
+                    nproc: int = 1) -> tuple[dict, dict]:
     """Every stage in order as a cached task -> (metrics by stage, {stage: {state, seconds}})."""
     logger = get_run_logger()
     results, states = {}, {}
@@ -108,7 +110,7 @@ def run_stage_tasks(p: Params, paths: Workspace, log_to_mlflow: bool = True, dvc
         t0 = time.perf_counter()
         task = stage_task.with_options(name=stage, task_run_name=stage, retries=RETRIES[stage], retry_delay_seconds=5,
                                        retry_condition_fn=transient_only)
-        state = task(stage, p, paths.root, dvc, return_state=True)
+        state = task(stage, p, paths.root, dvc, nproc, return_state=True)
         result = state.result()
         if log_to_mlflow:
             log_stage(stage, p, result, state.name == "Cached", paths.root)
@@ -119,10 +121,11 @@ def run_stage_tasks(p: Params, paths: Workspace, log_to_mlflow: bool = True, dvc
 
 
 def run_pipeline(params_path: str = "params.yaml", overrides: list[str] | None = None, root: str | Path = ".",
-                 promote: bool = True) -> dict:
+                 promote: bool = True, nproc: int = 1) -> dict:
     """Run the flow with task results (the cache) persisted under `<root>/.prefect-results`."""
     with cache_dir(Path(root) / ".prefect-results"):
-        return ulmfit_flow(params_path=params_path, overrides=list(overrides or []), root=str(root), promote=promote)
+        return ulmfit_flow(params_path=params_path, overrides=list(overrides or []), root=str(root), promote=promote,
+                           nproc=nproc)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from tasks.tracking import log_figure_png, log_metrics_history, metric_key, stag
 from transfer import progress
 from transfer.config import Params, flatten
 from transfer.errors import TransferError
-from transfer.stages import STAGES, Workspace, run_stage, stage_inputs, stage_params
+from transfer.stages import STAGES, Launch, Workspace, run_stage, stage_inputs, stage_params
 from transfer.stages.record import searched_folder
 
 __all__ = ["stage_task", "log_stage", "register_classifier", "promote_task", "RETRIES", "transient_only"]
@@ -52,15 +52,16 @@ def stage_key(args: dict[str, Any]) -> dict[str, Any]:
 
 
 @task(cache_policy=content_cache_policy(parts=stage_key), persist_result=True, result_serializer="json")
-def stage_task(stage: str, params: Params, root: Path, dvc: bool = False) -> dict[str, Any]:
+def stage_task(stage: str, params: Params, root: Path, dvc: bool = False, nproc: int = 1) -> dict[str, Any]:
     """Run one stage; cached on `stage_key` and this source. dvc: a DVC project's lock is shared with DVC (a stage
-    DVC finished is reused, not rerun; a stage run here is committed to dvc.lock and the DVC cache)."""
+    DVC finished is reused, not rerun; a stage run here is committed to dvc.lock and the DVC cache). nproc: how
+    many processes a training stage runs on; not in the key (the outputs are those params' outputs either way)."""
     ws, record = Workspace(root), STAGES[stage]
     if dvc and dvc_state.up_to_date(Path(root), stage):
         metrics = json.loads(record.result(ws).read_text())
     else:
         with progress.subscribe(step_metrics_listener()):
-            metrics = run_stage(stage, params, ws)
+            metrics = run_stage(stage, params, ws, Launch(nproc=nproc))
         if dvc:
             dvc_state.commit(Path(root), stage)
     return record_outputs(record.outs(params, ws), stage=stage, metrics=metrics)

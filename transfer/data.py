@@ -72,17 +72,23 @@ class LMLoader:
     Each batch has a variable length (AWD-LSTM): bptt with p=0.95 else bptt/2, then max(5, round(N(that, 5))).
     `lr_scale` of a batch is seq_len/bptt, the AWD-LSTM rule for keeping per-token step sizes equal.
     Batch lengths depend only on (seed, epoch), so an epoch can be resumed mid-way.
+    Data-parallel (`world` > 1): the stream is cut into `bs * world` rows and rank `rank` reads rows
+    [rank * bs, (rank + 1) * bs), a contiguous share; together the ranks read what one process at
+    `bs * world` would, batch for batch.
     """
 
     def __init__(self, stream: np.ndarray, bs: int, bptt: int = 70, backwards: bool = False,
-                 variable: bool = True, seed: int = 0, max_tokens: int | None = None):
+                 variable: bool = True, seed: int = 0, max_tokens: int | None = None, rank: int = 0,
+                 world: int = 1):
         self.bs, self.bptt, self.variable, self.seed = bs, bptt, variable, seed
-        m = len(stream) // bs  # tokens per row
+        m = len(stream) // (bs * world)  # tokens per row
         if m < 2:
-            raise TransferError(f"token stream of {len(stream)} tokens is too short for batch size {bs}")
-        n = m if max_tokens is None else max(2, min(m, max_tokens // bs))
+            raise TransferError(f"token stream of {len(stream)} tokens is too short for batch size {bs}"
+                                + (f" on each of {world} processes" if world > 1 else ""))
+        n = m if max_tokens is None else max(2, min(m, max_tokens // (bs * world)))
         data = stream[::-1] if backwards else stream
-        self.rows = data[: m * bs].reshape(bs, m)[:, :n]  # a view: the memmap is never copied whole
+        # a view: the memmap is never copied whole
+        self.rows = data[: m * bs * world].reshape(bs * world, m)[rank * bs:(rank + 1) * bs, :n]
         self.n = n
 
     def seq_lens(self, epoch: int) -> list[int]:

@@ -12,6 +12,7 @@ import torch
 
 from transfer.data import ClassificationLoader, Docs
 from transfer.device import pick_device
+from transfer.distributed import is_main
 from transfer.errors import TransferError
 from transfer.io_utils import atomic_path, write_json
 from transfer.model import AWDLSTMConfig, TextClassifier
@@ -86,7 +87,6 @@ def save_classifier(out_dir: Path, tokenizer_path: Path, classes: list[str], cfg
     `ensemble`: the members a prediction averages by default (all of them if None); every member stays loadable.
     """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_path(out_dir / "spm.model") as tmp:
         shutil.copyfile(tokenizer_path, tmp)
     for name, state in states.items():
@@ -97,7 +97,7 @@ def save_classifier(out_dir: Path, tokenizer_path: Path, classes: list[str], cfg
                                            max_len=max_len, members=sorted(states),
                                            ensemble=sorted(ensemble if ensemble is not None else states)))
     for stale in out_dir.glob("*.pt"):  # members of an earlier, larger bundle
-        if stale.stem not in states:
+        if stale.stem not in states and is_main():
             stale.unlink()
     return out_dir
 

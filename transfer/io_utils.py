@@ -7,16 +7,29 @@ import csv
 import hashlib
 import json
 import os
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
 __all__ = ["atomic_path", "write_json", "write_csv", "file_digest"]
 
 
+def _other_rank() -> bool:
+    """A process of a data-parallel job other than rank 0 (transfer/distributed.py): rank 0 alone writes."""
+    dist = sys.modules.get("torch.distributed")  # never imports torch: the CLI checks params without it
+    return dist is not None and dist.is_available() and dist.is_initialized() and dist.get_rank() != 0
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temp path beside `path`; rename it onto `path` on success, delete it on error."""
+    """Yield a temp path beside `path`; rename it onto `path` on success, delete it on error. In a data-parallel
+    job the ranks other than 0 run the same code, but write into a private temp folder that is then deleted."""
     path = Path(path)
+    if _other_rank():
+        with tempfile.TemporaryDirectory(prefix="transfer-rank-") as scratch:
+            yield Path(scratch) / path.name
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:

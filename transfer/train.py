@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from transfer import distributed
 from transfer.device import autocast, keep_freed_memory, pick_device
 from transfer.errors import TransferError
 from transfer.guard import _DivergenceGuard, _hidden_state
@@ -146,7 +147,9 @@ def _fit(model, phases, batches, steps_in_epoch, step_loss, validate, hp, *, mon
     steps = step_log if step_log is not None else []
     device = pick_device()
     keep_freed_memory()
-    torch.manual_seed(hp.seed)
+    world, rank = distributed.world_size(), distributed.rank()
+    progress = progress and rank == 0
+    torch.manual_seed(hp.seed + rank)  # ranks see other data and draw other dropout masks
     model.to(device)
     groups = layer_groups(model)
     opt = torch.optim.AdamW([{"params": g} for g in groups], lr=hp.lr, betas=tuple(hp.betas), eps=1e-5,
@@ -163,7 +166,7 @@ def _fit(model, phases, batches, steps_in_epoch, step_loss, validate, hp, *, mon
     total_steps = sum(steps_in_epoch(e) for e in range(total_epochs))  # for `transfer status`: progress, ETA
 
     if ckpt_path is not None and Path(ckpt_path).exists():
-        ck = _try_resume(ckpt_path, fingerprint)
+        ck = _try_resume(ckpt_path, fingerprint, world)
         if ck is not None:
             model.load_state_dict(ck["model"])
             opt.load_state_dict(ck["optimizer"])
@@ -171,26 +174,34 @@ def _fit(model, phases, batches, steps_in_epoch, step_loss, validate, hp, *, mon
             pos.update(ck["position"])
             acc = ck.get("epoch_acc", acc)
             steps[:] = ck.get("steps", [])
-            torch.set_rng_state(ck["rng_torch"])
-            if ck.get("hidden") is not None:
-                model.encoder.hidden = [(h.to(device), c.to(device)) for h, c in ck["hidden"]]
+            mine = ck["ranks"][rank] if world > 1 else ck
+            torch.set_rng_state(mine["rng_torch"])
+            if mine.get("hidden") is not None:
+                model.encoder.hidden = [(h.to(device), c.to(device)) for h, c in mine["hidden"]]
             if ck.get("finished"):
                 return history
 
     def checkpoint(finished: bool = False) -> None:
         if ckpt_path is None:
             return
+        # Each rank's RNG and LSTM state differ (its own rows, its own masks): rank 0 saves them all, so that every
+        # rank resumes where it was. The weights and optimizer state are the same on every rank.
+        ranks = distributed.gather(dict(rng_torch=torch.get_rng_state(), hidden=_hidden_state(model)))
+        if rank != 0:
+            return
         save_checkpoint(ckpt_path, dict(
             fingerprint=fingerprint, model=model.state_dict(), optimizer=opt.state_dict(), history=history,
-            position=dict(pos), best=best, steps=steps, rng_torch=torch.get_rng_state(), hidden=_hidden_state(model),
-            epoch_acc=dict(acc, seconds=acc["seconds"] + time.perf_counter() - t0), finished=finished,
-            total_steps=total_steps, total_epochs=total_epochs))
+            position=dict(pos), best=best, steps=steps, **ranks[0], ranks=ranks if world > 1 else None,
+            world=world, epoch_acc=dict(acc, seconds=acc["seconds"] + time.perf_counter() - t0),
+            finished=finished, total_steps=total_steps, total_epochs=total_epochs))
 
     mode_sign = 1 if monitor[1] == "min" else -1
     stopped = False
     while pos["phase"] < len(phases) and not stopped:
         phase = phases[pos["phase"]]
         freeze_to(model, phase.freeze_to)
+        net = model  # drops the last phase's DDP (and its gradient hooks) before the next is built
+        net = distributed.wrap(model)  # DDP over this phase's trainable groups (a no-op in one process)
         first_epoch = pos["global_epoch"] - pos["epoch_in_phase"]
         phase_steps = sum(steps_in_epoch(first_epoch + e) for e in range(phase.epochs))
         steps_before = sum(steps_in_epoch(first_epoch + e) for e in range(pos["epoch_in_phase"]))
@@ -217,8 +228,8 @@ def _fit(model, phases, batches, steps_in_epoch, step_loss, validate, hp, *, mon
                 for batch in batches(epoch, pos["step_in_epoch"]):
                     step = steps_before + pos["step_in_epoch"]
                     with autocast(device, hp.precision):
-                        loss, n_items, lr_scale = step_loss(model, batch)
-                    loss_value = loss.item()
+                        loss, n_items, lr_scale = step_loss(net, batch)
+                    loss_value = distributed.mean_over_ranks(loss.item())  # every rank judges the same loss
                     if guard.diverged(loss_value):
                         acc = guard.rewind(model, opt, pos, steps, desc, loss_value)
                         rewound = True
@@ -231,7 +242,7 @@ def _fit(model, phases, batches, steps_in_epoch, step_loss, validate, hp, *, mon
                         nn.utils.clip_grad_norm_([p for g in groups for p in g if p.requires_grad], hp.clip)
                     opt.step()
                     steps.append(dict(step=pos["global_step"], lr=opt.param_groups[-1]["lr"], loss=loss_value))
-                    acc.update(items=acc["items"] + n_items, loss_sum=acc["loss_sum"] + loss_value,
+                    acc.update(items=acc["items"] + n_items * world, loss_sum=acc["loss_sum"] + loss_value,
                                loss_n=acc["loss_n"] + 1)
                     pos["step_in_epoch"] += 1
                     pos["global_step"] += 1
@@ -269,6 +280,7 @@ def _fit(model, phases, batches, steps_in_epoch, step_loss, validate, hp, *, mon
                         stopped = True
                         break
             checkpoint()
+        distributed.check_in_sync(model, f"{desc} phase {pos['phase'] + 1}")
         if not stopped:
             pos.update(phase=pos["phase"] + 1, epoch_in_phase=0)
     if stopped and best["state"] is not None:
@@ -278,7 +290,7 @@ def _fit(model, phases, batches, steps_in_epoch, step_loss, validate, hp, *, mon
     return history
 
 
-def _try_resume(path: Path, fingerprint: str) -> dict | None:
+def _try_resume(path: Path, fingerprint: str, world: int = 1) -> dict | None:
     try:
         ck = load_checkpoint(path)
     except TransferError as e:
@@ -286,5 +298,8 @@ def _try_resume(path: Path, fingerprint: str) -> dict | None:
         return None
     if ck.get("fingerprint") != fingerprint:
         warnings.warn(f"{path}: checkpoint is from different params, data or code, starting fresh")
+        return None
+    if ck.get("world", 1) != world:  # each rank's share of the data would differ
+        warnings.warn(f"{path}: checkpoint is from {ck.get('world', 1)} processes, not {world}, starting fresh")
         return None
     return ck

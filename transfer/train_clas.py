@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transfer import distributed
 from transfer.data import ClassificationLoader
 from transfer.device import autocast, pick_device
 from transfer.model import TextClassifier, freeze_to, layer_groups
@@ -124,8 +125,8 @@ def recalibrate_batchnorm(model: TextClassifier, loader: ClassificationLoader, p
         bn.momentum = m
 
 
-def _classifier_phases(model: TextClassifier, train: ClassificationLoader, hp: ClassifierHP) -> list[Phase]:
-    return unfreezing_phases(len(layer_groups(model)), list(hp.unfreeze_epochs), len(train),
+def _classifier_phases(model: TextClassifier, steps_per_epoch: int, hp: ClassifierHP) -> list[Phase]:
+    return unfreezing_phases(len(layer_groups(model)), list(hp.unfreeze_epochs), steps_per_epoch,
                              hp.min_steps_per_phase, hp.unfreeze_lr_mult)
 
 
@@ -134,8 +135,10 @@ def train_classifier(model: TextClassifier, train: ClassificationLoader, valid: 
     """Gradual unfreezing (`hp.unfreeze_epochs` per phase) with STLR and discriminative LRs in each.
 
     After every epoch the head's BatchNorm statistics are recomputed in eval mode (see recalibrate_batchnorm).
+    Data-parallel, each rank trains on its share of the sortish batches; validation reads all of them.
     """
-    phases = _classifier_phases(model, train, hp)
+    batches, steps = distributed.shard_batches(train.batches, len(train))
+    phases = _classifier_phases(model, steps, hp)
     stats_loader = ClassificationLoader(train.docs, train.labels, train.bs, train=False, pad_id=train.pad_id,
                                         backwards=train.backwards)
     validate_on = _clas_validate(valid, hp.precision) if valid is not None else None
@@ -147,7 +150,7 @@ def train_classifier(model: TextClassifier, train: ClassificationLoader, valid: 
     kw.setdefault("desc", "classifier")
     weight = class_weights(train.labels, model.n_classes) if hp.class_weights else None
     step = functools.partial(_clas_step, weight=weight)
-    return fit(model, phases, train.batches, lambda e: len(train), step, validate, hp,
+    return fit(model, phases, batches, lambda e: steps, step, validate, hp,
                monitor=("valid_loss", "min"), unit="doc", **kw)
 
 
@@ -227,7 +230,7 @@ def classifier_lr_find(model: TextClassifier, train: ClassificationLoader, hp: C
     phase 1 start from nearly, not exactly, the weights training would have. Returns one dict per phase:
     phase, freeze_to, configured peak lr, suggested lr, and the curve (lrs, losses).
     """
-    phases = _classifier_phases(model, train, hp)
+    phases = _classifier_phases(model, len(train), hp)
     # few labels give fewer than num_it batches an epoch: the sweep runs on across epochs
     forever = lambda: (b for e in itertools.count() for b in train.batches(e))  # noqa: E731
     out = []

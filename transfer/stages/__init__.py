@@ -11,11 +11,12 @@ from pathlib import Path
 
 from transfer.config import Params
 from transfer.errors import TransferError
+from transfer.launch import DISTRIBUTED_STAGES, Launch, launch_stage
 from transfer.stages import evaluate, finetune_lm, prepare, pretrain, tokenize, train_classifier
 from transfer.stages.record import Stage
 from transfer.stages.workspace import Workspace
 
-__all__ = ["STAGES", "Stage", "Workspace", "run_stage", "stage_params", "stage_inputs"]
+__all__ = ["STAGES", "Stage", "Workspace", "Launch", "run_stage", "stage_params", "stage_inputs"]
 
 STAGES: dict[str, Stage] = {m.STAGE.name: m.STAGE for m in (prepare, tokenize, pretrain, finetune_lm,
                                                               train_classifier, evaluate)}
@@ -37,8 +38,12 @@ def stage_inputs(p: Params, stage: str, ws: Workspace | None = None) -> list[Pat
     return _stage(stage).deps(p, ws or Workspace())
 
 
-def run_stage(name: str, p: Params, ws: Workspace | None = None) -> dict:
+def run_stage(name: str, p: Params, ws: Workspace | None = None, launch: Launch | None = None) -> dict:
+    """Run a stage in this process, or (`launch` with several processes, a training stage) as a data-parallel
+    job of worker processes (transfer/launch.py)."""
     stage, ws = _stage(name), ws or Workspace()
     for stale in ws.art(name).glob(".*.tmp-*"):  # left by a killed write; the workspace lock makes them dead
         stale.unlink()
+    if launch is not None and launch.distributed and name in DISTRIBUTED_STAGES:
+        return launch_stage(name, p, ws.root, launch)
     return stage.run(p, ws)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from transfer import distributed
 from transfer.config import Params
 from transfer.corpus import iter_text_documents
 from transfer.data import load_token_stream
@@ -16,7 +17,9 @@ from transfer.train_lm import finetune_lm
 def finetune(p: Params, ws: Workspace) -> dict:
     """Target-domain LM: start from the general LM, tune on the domain texts (frozen first, then all)."""
     domain_txt = ws.art("prepare", "domain.txt")
-    stream_path = encode_stream(ws.tokenizer(), iter_text_documents([domain_txt]), ws.art("finetune_lm", "domain.npy"))
+    path = ws.art("finetune_lm", "domain.npy")
+    docs = iter_text_documents([domain_txt])
+    stream_path = distributed.main_writes(path, lambda: encode_stream(ws.tokenizer(), docs, path))
     init = lambda d: load_checkpoint(ws.art("pretrain", f"lm-{d}.pt"))  # noqa: E731
     data_id = lambda d: [file_digest(domain_txt), file_digest(ws.art("pretrain", f"lm-{d}.pt"))]  # noqa: E731
     return train_directions(STAGE, p, ws, p.finetune_lm, load_token_stream(stream_path), p.finetune_lm.valid_frac,

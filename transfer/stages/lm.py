@@ -7,6 +7,7 @@ from typing import Callable
 
 import numpy as np
 
+from transfer import distributed
 from transfer.config import Params
 from transfer.data import LMLoader
 from transfer.errors import TransferError
@@ -53,7 +54,9 @@ def train_directions(stage: Stage, p: Params, ws: Workspace, hp, stream: np.ndar
         if state is not None:
             model.load_state_dict(state)
         backwards = direction == "bwd"
-        train = LMLoader(stream[:cut], hp.bs, hp.bptt, backwards=backwards, seed=hp.seed, max_tokens=hp.max_tokens)
+        # data-parallel: this rank's contiguous share of the rows; the global batch is bs x processes
+        train = LMLoader(stream[:cut], hp.bs, hp.bptt, backwards=backwards, seed=hp.seed, max_tokens=hp.max_tokens,
+                         rank=distributed.rank(), world=distributed.world_size())
         valid = LMLoader(stream[cut:], hp.bs, hp.bptt, backwards=backwards, variable=False)
         history = run(model, train, valid, hp, desc=f"{name} {direction}",
                       ckpt_path=ws.art(name, f"checkpoint-{direction}.pt"),
@@ -65,7 +68,8 @@ def train_directions(stage: Stage, p: Params, ws: Workspace, hp, stream: np.ndar
         metrics[direction] = dict(valid_ppl=history[-1]["valid_ppl"], valid_loss=history[-1]["valid_loss"],
                                   unigram_ppl=unigram, recoveries=int(history[-1].get("recoveries", 0)),
                                   tokens_per_s=sum(r["items_per_s"] * r["time_s"] for r in history) / max(train_s, 1e-9),
-                                  train_s=train_s, train_tokens=train.tokens_per_epoch())
+                                  train_s=train_s, train_tokens=train.tokens_per_epoch() * distributed.world_size())
+    distributed.barrier()  # rank 0's lm-<direction>.pt are on disk before any rank reads them back
     write_csv(ws.plot(stage.history), rows)
     plot_history(rows, ws.plot(stage.plots[0]), f"{name}: loss per epoch")
     ratio = hp.fail_at_unigram

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from transfer import distributed
 from transfer.config import Params
 from transfer.corpus import iter_text_documents
 from transfer.data import LMLoader, load_token_stream
@@ -33,7 +34,8 @@ def pretrain(p: Params, ws: Workspace) -> dict:
     if p.data.lm_eval:
         tok = ws.tokenizer()
         docs = iter_text_documents(list(p.data.lm_eval), p.data.encoding, p.data.general_doc_per)
-        stream = load_token_stream(encode_stream(tok, docs, ws.art("pretrain", "lm_eval.npy")))
+        path = ws.art("pretrain", "lm_eval.npy")
+        stream = load_token_stream(distributed.main_writes(path, lambda: encode_stream(tok, docs, path)))
         for direction in p.model.directions:
             model = language_model(p, tok.vocab_size, p.pretrain.drop_mult)
             model.load_state_dict(load_checkpoint(ws.art("pretrain", f"lm-{direction}.pt")))
