@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import make_workspace
 from tests.processes import BIN, clean_env, start, stop, tail
-from tests.test_train import CLAS_HP, small_classifier, topic_docs
+from tests.test_train import CLAS_HP, markov_stream, small_classifier, small_lm, topic_docs
 from transfer import distributed
 from transfer.config import load_params
 from transfer.data import ClassificationLoader, LMLoader
@@ -27,6 +27,7 @@ from transfer.model import LanguageModel, layer_groups, lm_config
 from transfer.stages import Workspace, run_stage
 from transfer.train import Phase, fit, load_checkpoint
 from transfer.train_clas import _clas_step, train_classifier
+from transfer.train_lm import _lm_step
 
 
 @given(n=st.integers(200, 3000), bs=st.integers(1, 8), world=st.integers(1, 4), backwards=st.booleans())
@@ -96,6 +97,24 @@ def test_ddp_follows_gradual_unfreezing_and_weight_drop(one_rank_group):
     assert len(before) == 3 and all(torch.equal(v, after[n]) for n, v in before.items())  # frozen: untouched
     fit(model, [Phase(0, 1)], *_batches(docs, labels), _clas_step, None, hp, progress=False)
     assert all(not torch.equal(v, after[n]) for n, v in before.items())
+
+
+def test_ddp_step_gives_the_gradients_of_the_plain_model_ar_and_tar_included(one_rank_group):
+    """The LM step's AR and TAR read the model's second and third outputs: through DDP's forward they must reach
+    the same gradients, weight-dropped LSTM weights included (same seed, same masks)."""
+    x = torch.from_numpy(markov_stream(16 * 21)[: 16 * 21].reshape(16, 21).astype(np.int64))
+    grads = []
+    for wrap in (False, True):
+        model = small_lm()
+        net = distributed.wrap(model) if wrap else model
+        torch.manual_seed(7)
+        loss, _, _ = _lm_step(alpha=2.0, beta=1.0)(net, (x[:, :-1], x[:, 1:], 1.0))
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert isinstance(distributed.wrap(small_lm()), torch.nn.parallel.DistributedDataParallel)
+    assert any(n.endswith("_raw") for n in grads[0])
+    for n, g in grads[0].items():
+        assert torch.allclose(g, grads[1][n], atol=1e-6), n
 
 
 def _batches(docs, labels):
