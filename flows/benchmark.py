@@ -9,7 +9,6 @@ classifiers and evaluation; it links the LMs, never copies or retrains them), an
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import hashlib
 import json
@@ -18,13 +17,11 @@ import time
 from pathlib import Path
 
 import mlflow
-import torch
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger
 
+from flows.cells import LM_PARTS, cell_task, failure_reason, link_parts, run_cell
 from flows.scale import dask_runner
-
 from tasks.cache import content_digest
-from tasks.pipeline import transient_only
 from tasks.tracking import ensure_experiment, log_figure_png, metric_key, start_pipeline_run
 from transfer.benchmark import COLUMNS, Dataset, Suite, cell_key, cell_overrides, load_suite, markdown_table
 from transfer.config import Params, load_params
@@ -32,29 +29,6 @@ from transfer.errors import TransferError
 from transfer.io_utils import atomic_path, file_digest, write_csv, write_json
 from transfer.plots import plot_sample_efficiency
 from transfer.stages import Workspace, run_stage, stage_inputs
-
-LM_PARTS = (("artifacts", "tokenize"), ("artifacts", "pretrain"), ("metrics", "tokenize.json"),
-            ("metrics", "pretrain.json"))
-DOMAIN_PARTS = (("artifacts", "finetune_lm"), ("metrics", "finetune_lm.json"))
-
-
-def _link(src: Path, dst: Path) -> None:
-    """dst -> src (a symlink), replacing an older link; a real file or folder at dst is an error."""
-    if not src.exists():
-        raise TransferError(f"{src}: missing; the general or domain LM it belongs to is not built")
-    if dst.is_symlink():
-        if dst.resolve() == src.resolve():
-            return
-        dst.unlink()
-    elif dst.exists():
-        raise TransferError(f"{dst}: exists and is not a link to {src}; remove it or use another --out")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.symlink_to(src.resolve(), target_is_directory=src.is_dir())
-
-
-def _link_parts(src_root: Path, dst_root: Path, parts: tuple[tuple[str, str], ...]) -> None:
-    for part in parts:
-        _link(src_root.joinpath(*part), dst_root.joinpath(*part))
 
 
 def general_lm(suite: Suite, root: Path, logger) -> tuple[Path, str]:
@@ -79,7 +53,7 @@ def general_lm(suite: Suite, root: Path, logger) -> tuple[Path, str]:
 def domain_lm(p: Params, ws: Path, general: Path, general_id: str, logger) -> float:
     """prepare + finetune_lm for a dataset (every budget shares them); returns the seconds it took (0: kept)."""
     paths = Workspace(ws)
-    _link_parts(general, ws, LM_PARTS)
+    link_parts(general, ws, LM_PARTS)
     run_stage("prepare", p, paths)
     key_path = ws / "metrics" / "finetune_lm.key"
     key = hashlib.sha256(json.dumps([p.section("model"), p.section("finetune_lm"), general_id,
@@ -93,34 +67,6 @@ def domain_lm(p: Params, ws: Path, general: Path, general_id: str, logger) -> fl
     with atomic_path(key_path) as tmp:
         tmp.write_text(key)
     return time.perf_counter() - t0
-
-
-@task(retries=1, retry_delay_seconds=2, retry_condition_fn=transient_only)
-def cell_task(p: Params, ws: Path, dataset_ws: Path, cwd: str, threads: int | None = None,
-              ) -> tuple[dict, dict, float, float]:
-    """A cell as a task: on a Dask worker (one task per process) it reads the params' relative data paths from
-    `cwd`, as the flow does, and trains on `threads` torch threads (its share of the cores). A cell whose worker
-    dies is run again by Dask on another; it resumes from its own checkpoints."""
-    if threads:
-        torch.set_num_threads(threads)
-    with contextlib.chdir(cwd):
-        return run_cell(p, ws, dataset_ws)
-
-
-def run_cell(p: Params, ws: Path, dataset_ws: Path) -> tuple[dict, dict, float, float]:
-    """One budget x seed: its own prepared rows, classifiers and evaluation -> (prepare, evaluate, classifier s,
-    cell s). It reads the shared general and domain LMs through links and writes only under `ws`."""
-    started = time.perf_counter()
-    paths = Workspace(ws)
-    _link_parts(dataset_ws, ws, LM_PARTS + DOMAIN_PARTS)
-    prep = run_stage("prepare", p, paths)
-    t0 = time.perf_counter()
-    run_stage("train_classifier", p, paths)
-    classifier_s = time.perf_counter() - t0
-    evaluation = run_stage("evaluate", p, paths)
-    for ckpt in paths.art("train_classifier").glob("checkpoint-*.pt"):  # the bundle stays; ~50 MB each
-        ckpt.unlink()
-    return prep, evaluation, classifier_s, time.perf_counter() - started
 
 
 def _read_rows(path: Path) -> list[dict]:
@@ -227,7 +173,7 @@ def benchmark_flow(suite_path: str, out: str, budgets: list[str] | None = None, 
             if future.state.is_completed():
                 record(d, budget, seed, domain_s, future.result())
             else:
-                failed.append(f"{d.name} budget {budget} seed {seed}: {_reason(future.state)}")
+                failed.append(f"{d.name} budget {budget} seed {seed}: {failure_reason(future.state)}")
                 logger.error(f"cell {failed[-1]}")
         _write_results([{c: r[c] for c in COLUMNS} for r in rows], out_path, suite)
         write_json(out_path / "summary.json", dict(general_lm=str(general_root), general_lm_digest=general_id,
@@ -242,14 +188,6 @@ def benchmark_flow(suite_path: str, out: str, budgets: list[str] | None = None, 
         raise TransferError(f"{len(failed)} cell(s) failed, the others are in {out_path / 'results.csv'}: "
                             + "; ".join(failed) + ". Run again with --resume to retry only them")
     return rows
-
-
-def _reason(state) -> str:
-    try:
-        state.result()
-    except Exception as e:  # noqa: BLE001  the cell's own error, whatever it was
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    return state.name
 
 
 def run_benchmark(suite: str, out: str, budgets: list[str] | None = None, seeds: list[int] | None = None,

@@ -393,15 +393,26 @@ def sample_efficiency(budgets: str = typer.Option("100,200,500,1000,all", help="
                       resume: bool = typer.Option(False, help="Keep the rows of plots/sample_efficiency.csv whose "
                                                   "cell had the same params and data (any budget); run only the "
                                                   "missing cells. The CSV is rewritten after every cell."),
+                      dask_address: Optional[str] = typer.Option(None, "--dask-address",
+                                                                 help="Run the cells at once on this Dask cluster "
+                                                                 "(tcp://HOST:PORT; default $TRANSFER_DASK_ADDRESS); "
+                                                                 "workers must share this workspace's filesystem."),
+                      workers: Optional[int] = typer.Option(None, "--workers", help="Run the cells at once on a "
+                                                            "local Dask cluster of N one-thread processes (cores/N "
+                                                            "torch threads each)."),
                       lock_timeout: float = typer.Option(0, help="Seconds to wait for another run in this "
                                                          "workspace (0: refuse).")) -> None:
-    """Test error vs labelled examples for every evaluate.variants entry: CSV + PNG in plots/, logged to MLflow."""
+    """Test error vs labelled examples for every evaluate.variants entry: CSV + PNG in plots/, logged to MLflow.
+
+    The LM stages run once in the workspace; each (budget, seed) cell trains in sweep/<budget>-s<seed>/, which
+    links them, so with --workers or --dask-address the cells run at once.
+    """
     from flows.experiments import run_sample_efficiency
 
     quiet_prefect_errors()
     with workspace_lock(lock_timeout, tracked=True):  # it reruns the workspace's stages: a concurrent run would mix them
         rows = run_sample_efficiency(budgets.split(","), [int(x) for x in seeds.split(",")], str(params),
-                                     set_ or [], resume=resume)
+                                     set_ or [], resume=resume, dask_address=dask_address, workers=workers)
     t = Table(title="mean test error % by label budget")
     variants = sorted({r["variant"] for r in rows})
     budget_list = sorted({r["budget"] for r in rows}, key=lambda b: (b == "all", int(b) if b != "all" else 0))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Iterable
 
 import mlflow
 from prefect import flow, get_run_logger
@@ -102,11 +103,11 @@ def _registered(p: Params) -> bool:
 
 
 def run_stage_tasks(p: Params, paths: Workspace, log_to_mlflow: bool = True, dvc: bool = False,
-                    nproc: int = 1) -> tuple[dict, dict]:
-    """Every stage in order as a cached task -> (metrics by stage, {stage: {state, seconds}})."""
+                    nproc: int = 1, stages: Iterable[str] = STAGES) -> tuple[dict, dict]:
+    """Every stage (or `stages`) in order as a cached task -> (metrics by stage, {stage: {state, seconds}})."""
     logger = get_run_logger()
     results, states = {}, {}
-    for stage in STAGES:
+    for stage in stages:
         t0 = time.perf_counter()
         task = stage_task.with_options(name=stage, task_run_name=stage, retries=RETRIES[stage], retry_delay_seconds=5,
                                        retry_condition_fn=transient_only)

@@ -114,6 +114,18 @@ def test_a_suite_shares_one_general_lm_and_resumes(tmp_path):
         output, _ = proc.communicate(timeout=900)
         assert proc.returncode == 0, output[-3000:]
         assert killed, "no cell was training while the benchmark ran"
+
+        # the sample-efficiency sweep runs its cells on the same path: in order, then on the cluster
+        sweep = [TRANSFER, "experiment", "sample-efficiency", "--budgets", "40,all", "--seeds", "0,1",
+                 "-S", "model.directions=[fwd]", "-S", "evaluate.variants=[tfidf,ulmfit_fwd]"]
+        by_run = []
+        for extra in ([], ["--dask-address", address]):
+            done = subprocess.run(sweep + extra, cwd=ws, env=env, capture_output=True, text=True, timeout=900)
+            assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+            with open(ws / "plots" / "sample_efficiency.csv", newline="") as f:
+                by_run.append([{k: v for k, v in r.items() if k != "lm_cache"} for r in csv.DictReader(f)])
+        assert len(by_run[0]) == 2 * 2 * 2 and by_run[1] == by_run[0]
+        assert {c.name for c in (ws / "sweep").iterdir()} == {"40-s0", "40-s1", "all-s0", "all-s1"}
     finally:
         for p in (*workers, scheduler):
             stop(p)
