@@ -7,8 +7,13 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
+import pytest
+
+READY_S = 120  # server start-up / deployment registration on a loaded 2-core machine
 BIN = Path(sys.executable).parent  # the venv's console scripts: transfer, mlflow, prefect, uvicorn
 
 
@@ -55,3 +60,33 @@ def stop(proc: subprocess.Popen, timeout: float = 20) -> None:
 
 def tail(log: Path, n: int = 3000) -> str:
     return log.read_text(errors="replace")[-n:] if log.exists() else ""
+
+
+def poll(what: str, fn, timeout: float, procs: dict[str, tuple[subprocess.Popen, Path]], every: float = 2):
+    """Call `fn` until it returns something truthy; fail if `timeout` passes or a watched process exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for name, (proc, log) in procs.items():
+            if proc.poll() is not None:
+                pytest.fail(f"{name} exited with {proc.returncode} while waiting for {what}:\n{tail(log)}")
+        try:
+            result = fn()
+        except httpx.HTTPError:
+            result = None
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {name}:\n{tail(log)}" for name, (_, log) in procs.items())
+            pytest.fail(f"no {what} within {timeout:.0f}s\n{logs}")
+        time.sleep(every)
+
+
+def start_server(tmp_path: Path, env: dict, port: int, procs: dict[str, tuple[subprocess.Popen, Path]]) -> str:
+    """A real `prefect server` on 127.0.0.1:`port`, added to `procs`, once healthy; -> its API URL."""
+    api = f"http://127.0.0.1:{port}/api"
+    log = tmp_path / "server.log"
+    procs["prefect server"] = (start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
+                                      "--port", str(port)], env, tmp_path, log), log)
+    poll("healthy Prefect server", lambda: httpx.get(f"{api}/health", timeout=5).status_code == 200,
+         READY_S, procs, every=1)
+    return api

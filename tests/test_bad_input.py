@@ -24,11 +24,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
 from tests.conftest import make_bundle, make_workspace
+from tests.processes import clean_env, free_port, start_server, stop
 
 TRANSFER = str(Path(sys.executable).with_name("transfer"))
 TRAIN, TEST, GENERAL = Path("data/demo/train.csv"), Path("data/demo/test.csv"), Path("data/demo/general.txt")
@@ -396,23 +397,39 @@ def template(tmp_path_factory) -> Path:
     return ws
 
 
-def _run(case: Case, ws: Path) -> Result:
+def _run(case: Case, ws: Path, api: str | None = None) -> Result:
     before = snapshot(ws)
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}", "OMP_NUM_THREADS": "1",
-           "COLUMNS": "200", "PREFECT_HOME": str(ws.parent / f"{ws.name}.prefect")}  # one Prefect server each
+           "COLUMNS": "200", "PREFECT_HOME": str(ws.parent / f"{ws.name}.prefect")}
+    if api:  # `transfer run` cases share one real Prefect server instead of starting a temporary one each
+        env["PREFECT_API_URL"] = api
     t0 = time.perf_counter()
     p = subprocess.run([TRANSFER, *case.args], cwd=ws, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     return Result(ws, p.returncode, p.stdout, p.stderr, before, snapshot(ws), time.perf_counter() - t0)
 
 
 @pytest.fixture(scope="session")
-def results(request, template, tmp_path_factory) -> dict[str, Result]:
+def results(request, template, tmp_path_factory) -> Iterator[dict[str, Result]]:
     """Run every selected case's CLI subprocess, concurrently; case id -> Result."""
     wanted = {item.callspec.id for item in request.session.items
               if item.module.__name__ == __name__ and hasattr(item, "callspec")}
     if any(item.module.__name__ == __name__ and item.name == "test_debug_prints_traceback"
            for item in request.session.items):
         wanted.add(DEBUG.id)
+    procs: dict = {}
+    try:
+        yield _run_all(wanted, template, tmp_path_factory, procs)
+    finally:
+        for proc, _ in procs.values():
+            stop(proc)
+
+
+def _run_all(wanted: set[str], template: Path, tmp_path_factory, procs: dict) -> dict[str, Result]:
+    flows = [cid for cid in wanted if cid.startswith("run-") and not cid.startswith(("run-params_", "run-override_"))]
+    api = None
+    if flows:  # the cases that reach a flow; bad params fail before any server is needed
+        home = tmp_path_factory.mktemp("prefect-server")
+        api = start_server(home, clean_env(home / "home"), free_port(), procs)
     t_start = time.perf_counter()
     root = tmp_path_factory.mktemp("cases")
     jobs = []
@@ -423,7 +440,7 @@ def results(request, template, tmp_path_factory) -> dict[str, Result]:
         jobs.append((cid, ws))
     jobs.sort(key=lambda j: j[0].startswith(("params_", "override_")))  # slow ones first; params fail fast
     with ThreadPoolExecutor(WORKERS) as pool:
-        futures = {cid: pool.submit(_run, ALL[cid], ws) for cid, ws in jobs}
+        futures = {cid: pool.submit(_run, ALL[cid], ws, api if cid.startswith("run-") else None) for cid, ws in jobs}
         out = {cid: f.result() for cid, f in futures.items()}
     if os.environ.get("BAD_INPUT_TIMES"):
         for cid, r in sorted(out.items(), key=lambda kv: -kv[1].seconds):

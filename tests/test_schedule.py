@@ -8,54 +8,22 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import make_workspace
-from tests.processes import BIN, clean_env, free_port, start, stop, tail
+from tests.processes import BIN, READY_S, clean_env, free_port, poll, start, start_server, stop, tail
 
 pytestmark = pytest.mark.slow
 
 CRON = "0 3 * * *"
-READY_S = 120  # server start-up / deployment registration on a loaded 2-core machine
 RUN_S = 480  # the tiny pipeline takes 1-3 minutes here, plus the runner's polling
 # the conftest's tiny params, cut further: one direction, one short epoch per stage
 FAST = ["model.directions=[fwd]", "evaluate.variants=[ulmfit_fwd]", "pretrain.max_tokens=3000",
         "finetune_lm.max_tokens=2000", "finetune_lm.freeze_epochs=0", "classifier.unfreeze_epochs=[1]"]
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-
-
-def poll(what: str, fn, timeout: float, procs: dict[str, tuple[subprocess.Popen, Path]], every: float = 2):
-    """Call `fn` until it returns something truthy; fail if `timeout` passes or a watched process exits."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for name, (proc, log) in procs.items():
-            if proc.poll() is not None:
-                pytest.fail(f"{name} exited with {proc.returncode} while waiting for {what}:\n{tail(log)}")
-        try:
-            result = fn()
-        except httpx.HTTPError:
-            result = None
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {name}:\n{tail(log)}" for name, (_, log) in procs.items())
-            pytest.fail(f"no {what} within {timeout:.0f}s\n{logs}")
-        time.sleep(every)
-
-
-def start_server(tmp_path: Path, env: dict, port: int, procs: dict[str, tuple[subprocess.Popen, Path]]) -> str:
-    """A real `prefect server` on 127.0.0.1:`port`, added to `procs`, once healthy; -> its API URL."""
-    api = f"http://127.0.0.1:{port}/api"
-    log = tmp_path / "server.log"
-    procs["prefect server"] = (start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
-                                      "--port", str(port)], env, tmp_path, log), log)
-    poll("healthy Prefect server", lambda: httpx.get(f"{api}/health", timeout=5).status_code == 200,
-         READY_S, procs, every=1)
-    return api
 
 
 def test_schedule_without_server_fails_with_a_clear_message(tmp_path):
