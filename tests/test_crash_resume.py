@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ import pytest
 import torch
 
 from tests.conftest import make_workspace
+from tests.processes import clean_env, free_port, start_server, stop
 
 pytestmark = pytest.mark.slow
 TRANSFER = str(Path(sys.executable).parent / "transfer")
@@ -25,25 +28,57 @@ FAST = ["pretrain.max_tokens=8000", "finetune_lm.max_tokens=6000", "pretrain.che
         'evaluate.variants=["tfidf", "ulmfit_fwd"]']
 
 
-def _env(ws: Path) -> dict:
-    return {**os.environ, "PREFECT_HOME": str(ws / ".prefect-home"), "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
-            "PYTHONUNBUFFERED": "1"}
+@pytest.fixture
+def prefect_api(tmp_path):
+    """One real Prefect server for every run of the test: a kill takes the run's client, not the server, as in a
+    deployment (and no run waits for a temporary server to start)."""
+    procs: dict = {}
+    home = tmp_path / "prefect-server"
+    home.mkdir()
+    try:
+        yield start_server(home, clean_env(home / "home"), free_port(), procs)
+    finally:
+        for proc, _ in procs.values():
+            stop(proc)
 
 
-def _run(ws: Path, kill_after: float | None = None) -> int | None:
-    """`transfer run --no-promote` in ws; SIGKILL its whole process group after `kill_after` s. -> exit code, None if killed."""
-    log = open(ws / "run.log", "ab")
-    proc = subprocess.Popen([TRANSFER, "run", "--no-promote"], cwd=ws, env=_env(ws), stdout=log, stderr=log,
+def _env(ws: Path, api: str) -> dict:
+    return {**os.environ, "PREFECT_HOME": str(ws / ".prefect-home"), "PREFECT_API_URL": api,
+            "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}", "PYTHONUNBUFFERED": "1"}
+
+
+def _pipeline_running(ws: Path, since: float) -> bool:
+    """Whether a pipeline run begun after `since` (epoch s) is open in MLflow: from then on the stages run.
+    (Runs an earlier kill left RUNNING are older; the new process marks them KILLED.)"""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{ws / 'mlflow.db'}?mode=ro", uri=True, timeout=1)) as db:
+            return db.execute("select count(*) from runs where status = 'RUNNING' and start_time >= ?",
+                              (int(since * 1000),)).fetchone()[0] > 0
+    except sqlite3.Error:  # not created yet, or mid-migration
+        return False
+
+
+def _run(ws: Path, api: str, kill_after: float | None = None) -> tuple[int | None, float]:
+    """`transfer run --no-promote` in ws; SIGKILL its whole process group `kill_after` s after its pipeline run
+    began. -> (exit code, None if killed; seconds from the pipeline run's start to the exit or kill)."""
+    log, started = open(ws / "run.log", "ab"), time.time()
+    proc = subprocess.Popen([TRANSFER, "run", "--no-promote"], cwd=ws, env=_env(ws, api), stdout=log, stderr=log,
                             start_new_session=True)
     try:
-        proc.wait(timeout=kill_after if kill_after is not None else 900)
-        return proc.returncode
-    except subprocess.TimeoutExpired:
-        if kill_after is None:
-            raise
-        os.killpg(proc.pid, signal.SIGKILL)  # the run and its temporary Prefect server die together
-        proc.wait()
-        return None
+        began = None
+        deadline = time.monotonic() + 900
+        while proc.poll() is None and time.monotonic() < deadline:
+            if began is None and _pipeline_running(ws, started):
+                began = time.monotonic()
+            if began is not None and kill_after is not None and time.monotonic() - began >= kill_after:
+                os.killpg(proc.pid, signal.SIGKILL)  # the run and any process it started
+                proc.wait()
+                return None, time.monotonic() - began
+            time.sleep(0.05)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise TimeoutError((ws / "run.log").read_text()[-3000:])
+        return proc.returncode, time.monotonic() - (began or time.monotonic())
     finally:
         log.close()
 
@@ -52,17 +87,17 @@ def _variants(ws: Path) -> dict:
     return json.loads((ws / "artifacts" / "evaluate" / "report.json").read_text())["variants"]
 
 
-def test_runs_killed_at_random_moments_resume_to_the_uninterrupted_result(tmp_path):
+def test_runs_killed_at_random_moments_resume_to_the_uninterrupted_result(tmp_path, prefect_api):
     straight = make_workspace(tmp_path / "straight", FAST)
-    t0 = time.perf_counter()
-    assert _run(straight) == 0
-    full = time.perf_counter() - t0
+    code, full = _run(straight, prefect_api)
+    assert code == 0, (straight / "run.log").read_text()[-3000:]
 
     ws = make_workspace(tmp_path / "killed", FAST)
     rng = random.Random(7)
     kills = 0
     while kills < 10:
-        code = _run(ws, kill_after=rng.uniform(3.0, max(6.0, full * 0.8)))
+        # every kill lands while the pipeline's MLflow run is open, in a stage or between two
+        code, _ = _run(ws, prefect_api, kill_after=rng.uniform(0.0, full * 0.9))
         if code is None:
             kills += 1
         else:  # finished before the kill: start over so that later kills land in training stages too
@@ -73,7 +108,7 @@ def test_runs_killed_at_random_moments_resume_to_the_uninterrupted_result(tmp_pa
             (ws / "metrics" / "evaluate.json").unlink()
         for ck in ws.glob("artifacts/*/checkpoint-*.pt"):  # a kill mid-write leaves the old checkpoint whole
             torch.load(ck, weights_only=True)
-    assert _run(ws) == 0, (ws / "run.log").read_text()[-3000:]
+    assert _run(ws, prefect_api)[0] == 0, (ws / "run.log").read_text()[-3000:]
     assert _variants(ws) == _variants(straight)
     # the MLflow runs the kills left RUNNING were marked KILLED when the next run started
     from mlflow import MlflowClient
