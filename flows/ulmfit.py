@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Iterable
@@ -9,9 +10,11 @@ from typing import Iterable
 import mlflow
 from prefect import flow, get_run_logger
 
+from flows.scale import dask_runner
 from tasks import dvc_state, lm_registry
 from tasks.cache import cache_dir
-from tasks.pipeline import RETRIES, log_stage, promote_task, register_classifier, stage_task, transient_only
+from tasks.pipeline import (RETRIES, direction_task, log_stage, promote_task, register_classifier, stage_task,
+                            transient_only)
 from tasks.tracking import ensure_experiment, start_pipeline_run
 from transfer import rules
 from transfer.config import Params, load_params
@@ -52,9 +55,10 @@ def _flow_run_name() -> str:
 
 @flow(name="ulmfit", flow_run_name=_flow_run_name, log_prints=True)
 def ulmfit_flow(params_path: str = "params.yaml", overrides: list[str] | None = None, root: str = ".",
-                promote: bool = True, nproc: int = 1) -> dict:
+                promote: bool = True, nproc: int = 1, threads: int | None = None, concurrent: bool = False) -> dict:
     """Run every stage (cached on content), log to MLflow, register the classifier and apply the promotion gate.
-    nproc > 1: the training stages run as data-parallel jobs of that many processes (transfer/launch.py)."""
+    nproc > 1: the training stages run as data-parallel jobs of that many processes (transfer/launch.py).
+    concurrent: the LM stages' directions train at once on the flow's task runner (a Dask cluster)."""
     logger = get_run_logger()
     root_path = Path(root).resolve()
     p = load_params(root_path / params_path, overrides or [])
@@ -73,7 +77,8 @@ def ulmfit_flow(params_path: str = "params.yaml", overrides: list[str] | None = 
         summary["mlflow_run_id"] = parent.info.run_id
         if lm_version:  # the run links the published LM it started from
             mlflow.set_tags({"pretrain.from_lm": lm_uri, "pretrain.from_lm.version": lm_version})
-        results, summary["stages"] = run_stage_tasks(p, paths, dvc=dvc, nproc=nproc)
+        results, summary["stages"] = run_stage_tasks(p, paths, dvc=dvc, nproc=nproc, threads=threads,
+                                                     concurrent=concurrent)
         evaluation = results["evaluate"]
         summary["variants"] = evaluation["variants"]
         summary["champion_candidate"] = evaluation["champion_candidate"]
@@ -103,12 +108,17 @@ def _registered(p: Params) -> bool:
 
 
 def run_stage_tasks(p: Params, paths: Workspace, log_to_mlflow: bool = True, dvc: bool = False,
-                    nproc: int = 1, stages: Iterable[str] = STAGES) -> tuple[dict, dict]:
-    """Every stage (or `stages`) in order as a cached task -> (metrics by stage, {stage: {state, seconds}})."""
+                    nproc: int = 1, stages: Iterable[str] = STAGES, threads: int | None = None,
+                    concurrent: bool = False) -> tuple[dict, dict]:
+    """Every stage (or `stages`) in order as a cached task -> (metrics by stage, {stage: {state, seconds}}).
+    concurrent: an LM stage's directions first train at once, as tasks on the flow's runner (Dask workers)."""
     logger = get_run_logger()
     results, states = {}, {}
     for stage in stages:
         t0 = time.perf_counter()
+        if concurrent and STAGES[stage].direction and len(p.model.directions) > 1 and \
+                not (dvc and dvc_state.up_to_date(paths.root, stage)):
+            _train_directions(stage, p, paths, threads, logger)
         task = stage_task.with_options(name=stage, task_run_name=stage, retries=RETRIES[stage], retry_delay_seconds=5,
                                        retry_condition_fn=transient_only)
         state = task(stage, p, paths.root, dvc, nproc, return_state=True)
@@ -121,12 +131,28 @@ def run_stage_tasks(p: Params, paths: Workspace, log_to_mlflow: bool = True, dvc
     return results, states
 
 
+def _train_directions(stage: str, p: Params, paths: Workspace, threads: int | None, logger) -> None:
+    futures = {d: direction_task.with_options(task_run_name=f"{stage}-{d}").submit(
+        stage, p, paths.root, d, os.getcwd(), threads) for d in p.model.directions}
+    for d, future in futures.items():
+        future.wait()
+        if not future.state.is_completed():
+            future.result()  # raises the direction's own error
+        logger.info(f"{stage} {d}: {future.state.name}")
+
+
 def run_pipeline(params_path: str = "params.yaml", overrides: list[str] | None = None, root: str | Path = ".",
-                 promote: bool = True, nproc: int = 1) -> dict:
-    """Run the flow with task results (the cache) persisted under `<root>/.prefect-results`."""
+                 promote: bool = True, nproc: int = 1, dask_address: str | None = None,
+                 workers: int | None = None) -> dict:
+    """Run the flow with task results (the cache) persisted under `<root>/.prefect-results`; with `dask_address`
+    or `workers` (flows/scale.py), the LM stages' directions train at once on Dask workers."""
+    kw = dict(params_path=params_path, overrides=list(overrides or []), root=str(root), promote=promote, nproc=nproc)
+    runner = dask_runner(dask_address, workers)
     with cache_dir(Path(root) / ".prefect-results"):
-        return ulmfit_flow(params_path=params_path, overrides=list(overrides or []), root=str(root), promote=promote,
-                           nproc=nproc)
+        if runner is None:
+            return ulmfit_flow(**kw)
+        threads = max(1, (os.cpu_count() or 1) // workers) if workers else None
+        return ulmfit_flow.with_options(task_runner=runner)(**kw, threads=threads, concurrent=True)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ from transfer.errors import TransferError
 from transfer.stages import STAGES, Launch, Workspace, run_stage, stage_inputs, stage_params
 from transfer.stages.record import searched_folder
 
-__all__ = ["stage_task", "log_stage", "register_classifier", "promote_task", "RETRIES", "transient_only"]
+__all__ = ["stage_task", "direction_task", "log_stage", "register_classifier", "promote_task", "RETRIES",
+           "transient_only"]
 
 # reading user files and SQLite can fail for a moment (network mounts, a locked db); training resumes from
 # its last checkpoint, so one retry of a training stage costs at most `checkpoint_every` steps
@@ -65,6 +66,29 @@ def stage_task(stage: str, params: Params, root: Path, dvc: bool = False, nproc:
         if dvc:
             dvc_state.commit(Path(root), stage)
     return record_outputs(record.outs(params, ws), stage=stage, metrics=metrics)
+
+
+def direction_key(args: dict[str, Any]) -> dict[str, Any]:
+    return {**stage_key(args), "direction": args["direction"]}
+
+
+@task(cache_policy=content_cache_policy(parts=direction_key, exclude=("threads",)), persist_result=True,
+      result_serializer="json", retries=1, retry_delay_seconds=2, retry_condition_fn=transient_only)
+def direction_task(stage: str, params: Params, root: Path, direction: str, cwd: str,
+                   threads: int | None = None) -> dict[str, Any]:
+    """One direction's model of an LM stage, on whichever worker takes it (a Dask worker, one task per process):
+    trained to a finished checkpoint, so the stage's own task then only finishes the stage. Cached like the
+    stage, per direction. Reads the params' relative paths from `cwd`; trains on `threads` torch threads."""
+    import contextlib
+
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    ws = Workspace(root)
+    with contextlib.chdir(cwd):
+        STAGES[stage].direction(params, ws, direction)
+    return record_outputs([ws.art(stage, f"lm-{direction}.pt")], stage=stage, direction=direction)
 
 
 def _history_rows(path: Path) -> list[dict]:

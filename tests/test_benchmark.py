@@ -126,6 +126,23 @@ def test_a_suite_shares_one_general_lm_and_resumes(tmp_path):
                 by_run.append([{k: v for k, v in r.items() if k != "lm_cache"} for r in csv.DictReader(f)])
         assert len(by_run[0]) == 2 * 2 * 2 and by_run[1] == by_run[0]
         assert {c.name for c in (ws / "sweep").iterdir()} == {"40-s0", "40-s1", "all-s0", "all-s1"}
+
+        # the pipeline: both directions of each LM stage train at once, one per worker (a fresh one replaces the
+        # killed worker), to the weights the in-order sweep run made for the forward direction
+        workers.append(start([str(BIN / "dask"), "worker", address, "--nthreads", "1", "--nworkers", "1",
+                              "--no-dashboard", "--memory-limit", "0"], clean_env(tmp_path / "dask-home"), ws,
+                             tmp_path / "worker2.log"))
+        in_order = {s: (ws / "artifacts" / s / "lm-fwd.pt").read_bytes() for s in ("pretrain", "finetune_lm")}
+        for s in ("pretrain", "finetune_lm"):
+            for ckpt in (ws / "artifacts" / s).glob("checkpoint-*.pt"):
+                ckpt.unlink()
+        run = subprocess.run([TRANSFER, "run", "--dask-address", address], cwd=ws, env=env, capture_output=True,
+                             text=True, timeout=900)
+        assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+        for s in ("pretrain", "finetune_lm"):
+            assert f"{s} fwd: Completed" in run.stdout + run.stderr and f"{s} bwd: Completed" in run.stdout + run.stderr
+            assert (ws / "artifacts" / s / "lm-fwd.pt").read_bytes() == in_order[s]
+            assert (ws / "artifacts" / s / "lm-bwd.pt").is_file()
     finally:
         for p in (*workers, scheduler):
             stop(p)

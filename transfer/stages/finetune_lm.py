@@ -14,8 +14,9 @@ from transfer.train import load_checkpoint
 from transfer.train_lm import finetune_lm
 
 
-def finetune(p: Params, ws: Workspace) -> dict:
-    """Target-domain LM: start from the general LM, tune on the domain texts (frozen first, then all)."""
+def finetune(p: Params, ws: Workspace, only: str | None = None) -> dict:
+    """Target-domain LM: start from the general LM, tune on the domain texts (frozen first, then all).
+    only=DIRECTION: that direction's LM alone, nothing shared written (see `Stage.direction`)."""
     domain_txt = ws.art("prepare", "domain.txt")
     path = ws.art("finetune_lm", "domain.npy")
     docs = iter_text_documents([domain_txt])
@@ -23,7 +24,7 @@ def finetune(p: Params, ws: Workspace) -> dict:
     init = lambda d: load_checkpoint(ws.art("pretrain", f"lm-{d}.pt"))  # noqa: E731
     data_id = lambda d: [file_digest(domain_txt), file_digest(ws.art("pretrain", f"lm-{d}.pt"))]  # noqa: E731
     return train_directions(STAGE, p, ws, p.finetune_lm, load_token_stream(stream_path), p.finetune_lm.valid_frac,
-                            init, finetune_lm, data_id)
+                            init, finetune_lm, data_id, only=only)
 
 
 STAGE = Stage(
@@ -33,4 +34,5 @@ STAGE = Stage(
     deps=lambda p, ws: [ws.art("prepare", "domain.txt"), ws.art("tokenize", "spm.model"), ws.art("pretrain")],
     outs=lm_outs("finetune_lm"),
     plots=("finetune_lm_loss.png",), curves=("finetune_lm_history.csv",), history="finetune_lm_history.csv",
+    direction=lambda p, ws, d: finetune(p, ws, only=d),
 )

@@ -37,17 +37,18 @@ def unigram_perplexity(train: np.ndarray, valid: np.ndarray, vocab_size: int) ->
 
 def train_directions(stage: Stage, p: Params, ws: Workspace, hp, stream: np.ndarray, valid_frac: float,
                      init: Callable[[str], dict | None], run: Callable, data_id: Callable[[str], object],
-                     finish: bool = True) -> dict:
+                     finish: bool = True, only: str | None = None) -> dict:
     """Train one LM per direction on `stream` (its last `valid_frac` held out), save lm-<direction>.pt, draw the
     loss curves; fail if an LM ends near the unigram perplexity. The checkpoint fingerprint holds the stage's
     code digest, so a finished checkpoint of older code is retrained, never taken as done. finish=False: the
-    caller writes the metrics file (it marks the stage done) after its own further work."""
+    caller writes the metrics file (it marks the stage done) after its own further work. only=DIRECTION: train
+    that direction alone and write nothing the directions share (its checkpoint and lm-<direction>.pt only)."""
     name, vocab = stage.name, ws.tokenizer()
     cut = int(len(stream) * (1 - valid_frac))
     unigram = unigram_perplexity(stream[:cut], stream[cut:], vocab.vocab_size)
     code = stage.code_digest()
     metrics, rows = {}, []
-    for direction in p.model.directions:
+    for direction in [only] if only else p.model.directions:
         seed_everything(hp.seed)
         model = language_model(p, vocab.vocab_size, hp.drop_mult)
         state = init(direction)
@@ -70,6 +71,8 @@ def train_directions(stage: Stage, p: Params, ws: Workspace, hp, stream: np.ndar
                                   tokens_per_s=sum(r["items_per_s"] * r["time_s"] for r in history) / max(train_s, 1e-9),
                                   train_s=train_s, train_tokens=train.tokens_per_epoch() * distributed.world_size())
     distributed.barrier()  # rank 0's lm-<direction>.pt are on disk before any rank reads them back
+    if only:
+        return metrics
     write_csv(ws.plot(stage.history), rows)
     plot_history(rows, ws.plot(stage.plots[0]), f"{name}: loss per epoch")
     ratio = hp.fail_at_unigram

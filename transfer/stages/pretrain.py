@@ -18,9 +18,12 @@ from transfer.train import load_checkpoint
 from transfer.train_lm import lm_perplexity, pretrain_lm
 
 
-def pretrain(p: Params, ws: Workspace) -> dict:
+def pretrain(p: Params, ws: Workspace, only: str | None = None) -> dict:
     """General-domain LM, one per direction; reports perplexity on a held-out tail and on `data.lm_eval`. With
-    `pretrain.from_lm`, the published LM's weights and the figures it was published with."""
+    `pretrain.from_lm`, the published LM's weights and the figures it was published with. only=DIRECTION: that
+    direction's LM alone, nothing shared written (see `Stage.direction`)."""
+    if only and p.pretrain.from_lm:
+        return {}
     if p.pretrain.from_lm:
         folder, lm = read_manifest(p)
         for direction in p.model.directions:
@@ -30,8 +33,9 @@ def pretrain(p: Params, ws: Workspace) -> dict:
         return metrics
     path = ws.art("tokenize", "general.npy")
     metrics = train_directions(STAGE, p, ws, p.pretrain, load_token_stream(path), p.pretrain.valid_frac,
-                               lambda d: None, pretrain_lm, lambda d: file_digest(path), finish=not p.data.lm_eval)
-    if p.data.lm_eval:
+                               lambda d: None, pretrain_lm, lambda d: file_digest(path),
+                               finish=not p.data.lm_eval, only=only)
+    if p.data.lm_eval and not only:
         tok = ws.tokenizer()
         docs = iter_text_documents(list(p.data.lm_eval), p.data.encoding, p.data.general_doc_per)
         path = ws.art("pretrain", "lm_eval.npy")
@@ -55,4 +59,5 @@ STAGE = Stage(
     [ws.art("tokenize", "general.npy"), ws.art("tokenize", "spm.model"), *map(Path, p.data.lm_eval)],
     outs=lm_outs("pretrain"),
     plots=("pretrain_loss.png",), curves=("pretrain_history.csv",), history="pretrain_history.csv",
+    direction=lambda p, ws, d: pretrain(p, ws, only=d),
 )

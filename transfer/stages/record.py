@@ -48,6 +48,9 @@ class Stage:
     curves: tuple[str, ...] = ()  # plots/*.csv it writes (uncached DVC outs)
     history: str | None = None  # the curve with one row per epoch: MLflow step metrics
     record: Callable[["Workspace"], Path] | None = None  # the file holding what `run` returned; None: its metrics
+    # trains one direction's model to a finished checkpoint and writes nothing the directions share, so two
+    # workers can train the two directions at once; `run` then finds both done and only finishes the stage
+    direction: Callable[[Params, "Workspace", str], None] | None = None
 
     def result(self, ws: "Workspace") -> Path:
         return self.record(ws) if self.record else ws.metrics(self.name)
