@@ -1,5 +1,5 @@
 """dvc.yaml against real DVC: a temp git repo with a tiny workspace, `dvc repro`, status, experiments,
-metrics/plots, and `dvc add` + push/pull of an input corpus through a local remote.
+metrics/plots, and push/pull through a local remote (an input corpus; the general LM).
 
 One full `dvc repro` (module fixture) is shared by the pipeline tests; the others ask DVC what *would* run
 (`dvc status`, `dvc repro --dry`) instead of retraining.
@@ -252,6 +252,31 @@ def test_dvc_yaml_is_generated_from_the_stage_records(monkeypatch):
 def _mtimes(root: Path) -> dict[str, int]:
     return {str(f.relative_to(root)): f.stat().st_mtime_ns for f in sorted((root / "artifacts").rglob("*"))
             if f.is_file()}
+
+
+def test_a_general_lm_moves_to_another_machine_with_dvc_push_and_pull(pipeline, tmp_path):
+    """DVC users' `transfer lm publish`: the workspace that pretrained pushes the tokenize and pretrain outputs;
+    a machine without them (no outputs, an empty cache) pulls the same bytes, and DVC counts both stages done."""
+    repo, *_ = pipeline
+    moved = ["artifacts/tokenize/spm.model", "artifacts/pretrain/lm-fwd.pt"]  # metrics/*.json travel with git
+    before = {f: (repo.root / f).read_bytes() for f in moved}
+    cache, kept = repo.root / ".dvc" / "cache", tmp_path / "cache-kept"
+    repo.dvc("remote", "add", "-f", "-d", "team", str(tmp_path / "remote"))
+    repo.dvc("push", "-q", "tokenize", "pretrain")
+    shutil.move(cache, kept)
+    try:
+        for stage in ("tokenize", "pretrain"):
+            shutil.rmtree(repo.root / "artifacts" / stage)
+        assert {"tokenize", "pretrain"} <= set(repo.status())
+        repo.dvc("pull", "-q", "tokenize", "pretrain")
+        assert {f: (repo.root / f).read_bytes() for f in moved} == before
+        # this test's machine holds no cache for the other stages' outputs: ask about these two
+        assert json.loads(repo.dvc("status", "--json", "tokenize", "pretrain").stdout or "{}") == {}
+        assert _ran(repo.dvc("repro", "--dry", "--single-item", "pretrain").stdout) == []  # nothing to pretrain again
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.move(kept, cache)
+        repo.dvc("remote", "remove", "team")
 
 
 def _flow(repo: Repo) -> subprocess.CompletedProcess:
