@@ -76,7 +76,7 @@ def direction_key(args: dict[str, Any]) -> dict[str, Any]:
       result_serializer="json", retries=1, retry_delay_seconds=2, retry_condition_fn=transient_only)
 def direction_task(stage: str, params: Params, root: Path, direction: str, cwd: str,
                    threads: int | None = None) -> dict[str, Any]:
-    """One direction's model of an LM stage, on whichever worker takes it (a Dask worker, one task per process):
+    """One direction's models of a training stage, on whichever worker takes it (a Dask worker, one task per process):
     trained to a finished checkpoint, so the stage's own task then only finishes the stage. Cached like the
     stage, per direction. Reads the params' relative paths from `cwd`; trains on `threads` torch threads."""
     import contextlib
@@ -87,8 +87,8 @@ def direction_task(stage: str, params: Params, root: Path, direction: str, cwd: 
         torch.set_num_threads(threads)
     ws = Workspace(root)
     with contextlib.chdir(cwd):
-        STAGES[stage].direction(params, ws, direction)
-    return record_outputs([ws.art(stage, f"lm-{direction}.pt")], stage=stage, direction=direction)
+        written = STAGES[stage].direction(params, ws, direction)
+    return record_outputs(written, stage=stage, direction=direction)
 
 
 def _history_rows(path: Path) -> list[dict]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -127,13 +128,13 @@ def test_a_suite_shares_one_general_lm_and_resumes(tmp_path):
         assert len(by_run[0]) == 2 * 2 * 2 and by_run[1] == by_run[0]
         assert {c.name for c in (ws / "sweep").iterdir()} == {"40-s0", "40-s1", "all-s0", "all-s1"}
 
-        # the pipeline: both directions of each LM stage train at once, one per worker (a fresh one replaces the
+        # the pipeline: both directions of each training stage train at once, one per worker (a fresh one replaces the
         # killed worker), to the weights the in-order sweep run made for the forward direction
         workers.append(start([str(BIN / "dask"), "worker", address, "--nthreads", "1", "--nworkers", "1",
                               "--no-dashboard", "--memory-limit", "0"], clean_env(tmp_path / "dask-home"), ws,
                              tmp_path / "worker2.log"))
         in_order = {s: (ws / "artifacts" / s / "lm-fwd.pt").read_bytes() for s in ("pretrain", "finetune_lm")}
-        for s in ("pretrain", "finetune_lm"):
+        for s in ("pretrain", "finetune_lm", "train_classifier"):
             for ckpt in (ws / "artifacts" / s).glob("checkpoint-*.pt"):
                 ckpt.unlink()
         run = subprocess.run([TRANSFER, "run", "--dask-address", address], cwd=ws, env=env, capture_output=True,
@@ -143,6 +144,12 @@ def test_a_suite_shares_one_general_lm_and_resumes(tmp_path):
             assert f"{s} fwd: Completed" in run.stdout + run.stderr and f"{s} bwd: Completed" in run.stdout + run.stderr
             assert (ws / "artifacts" / s / "lm-fwd.pt").read_bytes() == in_order[s]
             assert (ws / "artifacts" / s / "lm-bwd.pt").is_file()
+        log = run.stdout + run.stderr
+        assert "train_classifier fwd: Completed" in log and "train_classifier bwd: Completed" in log
+        # the forward classifier is the in-order sweep's all-label one (same LM, rows and seed)
+        fwd = [json.loads((w / "metrics" / "train_classifier.json").read_text())["fwd"]
+               for w in (ws, ws / "sweep" / "all-s0")]
+        assert (fwd[0]["valid_accuracy"], fwd[0]["valid_loss"]) == (fwd[1]["valid_accuracy"], fwd[1]["valid_loss"])
     finally:
         for p in (*workers, scheduler):
             stop(p)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from transfer import distributed
 from transfer.config import Params
 from transfer.corpus import iter_text_documents
@@ -27,6 +29,11 @@ def finetune(p: Params, ws: Workspace, only: str | None = None) -> dict:
                             init, finetune_lm, data_id, only=only)
 
 
+def _finetune_direction(p: Params, ws: Workspace, direction: str) -> list[Path]:
+    finetune(p, ws, only=direction)
+    return [ws.art("finetune_lm", f"lm-{direction}.pt")]
+
+
 STAGE = Stage(
     name="finetune_lm", run=finetune,
     summary="target-domain LM: the general LM tuned on the domain texts",
@@ -34,5 +41,5 @@ STAGE = Stage(
     deps=lambda p, ws: [ws.art("prepare", "domain.txt"), ws.art("tokenize", "spm.model"), ws.art("pretrain")],
     outs=lm_outs("finetune_lm"),
     plots=("finetune_lm_loss.png",), curves=("finetune_lm_history.csv",), history="finetune_lm_history.csv",
-    direction=lambda p, ws, d: finetune(p, ws, only=d),
+    direction=_finetune_direction,
 )

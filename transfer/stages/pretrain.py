@@ -50,6 +50,11 @@ def pretrain(p: Params, ws: Workspace, only: str | None = None) -> dict:
     return metrics
 
 
+def _pretrain_direction(p: Params, ws: Workspace, direction: str) -> list[Path]:
+    pretrain(p, ws, only=direction)
+    return [ws.art("pretrain", f"lm-{direction}.pt")] if not p.pretrain.from_lm else []
+
+
 STAGE = Stage(
     name="pretrain", run=pretrain,
     summary="general-domain AWD-LSTM LM, one per direction (+ perplexity on data.lm_eval files)",
@@ -59,5 +64,5 @@ STAGE = Stage(
     [ws.art("tokenize", "general.npy"), ws.art("tokenize", "spm.model"), *map(Path, p.data.lm_eval)],
     outs=lm_outs("pretrain"),
     plots=("pretrain_loss.png",), curves=("pretrain_history.csv",), history="pretrain_history.csv",
-    direction=lambda p, ws, d: pretrain(p, ws, only=d),
+    direction=_pretrain_direction,
 )

@@ -50,7 +50,7 @@ class Stage:
     record: Callable[["Workspace"], Path] | None = None  # the file holding what `run` returned; None: its metrics
     # trains one direction's model to a finished checkpoint and writes nothing the directions share, so two
     # workers can train the two directions at once; `run` then finds both done and only finishes the stage
-    direction: Callable[[Params, "Workspace", str], None] | None = None
+    direction: Callable[[Params, "Workspace", str], list[Path]] | None = None
 
     def result(self, ws: "Workspace") -> Path:
         return self.record(ws) if self.record else ws.metrics(self.name)

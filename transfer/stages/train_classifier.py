@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from transfer.stages.self_training import probe_pseudo_labels, select_members
 from transfer.stages.workspace import Workspace
 
 
-def classify(p: Params, ws: Workspace) -> dict:
+def classify(p: Params, ws: Workspace, only: str | None = None) -> dict:
     """ULMFiT classifiers (`classifier.members` per direction) from the domain-tuned LMs, in one servable bundle.
 
     Members of a direction differ only in their seed (init, dropout masks, batch order); averaging them cuts
@@ -30,6 +31,9 @@ def classify(p: Params, ws: Workspace) -> dict:
     the frozen domain LMs labels round 1 and round 0 is skipped. Validation rows guard both choices: rounds go
     on only while the round's validation accuracy improves (the best round is kept), and the bundle's ensemble
     holds only the members that do not lower its validation accuracy (`select_members`).
+
+    only=DIRECTION: train that direction's round-0 members to finished checkpoints and return (`Stage.direction`);
+    later rounds need both directions' ensemble, so they stay with the stage.
     """
     prepared = ws.prepared()
     p = rules.apply(p, prepared)
@@ -40,21 +44,20 @@ def classify(p: Params, ws: Workspace) -> dict:
     rounds = hp.self_train_rounds if unlabelled else 0
     pseudo: Pseudo | None = None
     self_training: dict[str, float] = {}
-    first = 0
-    if rounds and hp.self_train_teacher == "probe":
+    first = 1 if rounds and hp.self_train_teacher == "probe" else 0
+    if only:
+        for i in range(0 if first else hp.members):
+            _fit_member(p, ws, only, i, 0, code, None)
+        return {}
+    if first:
         pseudo, self_training = probe_pseudo_labels(p, ws, classes, unlabelled)
-        first = 1
     best: dict | None = None
     for r in range(first, rounds + 1):
         states, metrics, rows, steps, models = {}, {}, [], [], {}
         for direction, i in itertools.product(p.model.directions, range(hp.members)):
             t0 = time.perf_counter()
-            log: list[dict] = []
             name = member_name(direction, i)
-            ckpt = ws.art("train_classifier", f"checkpoint-{name}" + (f"-round{r}" if r else "") + ".pt")
-            member = replace(p, classifier=replace(hp, seed=hp.seed + 1000 * i))
-            model, history = fit(member, ws, direction, ws.art("finetune_lm", f"lm-{direction}.pt"), ckpt, code,
-                                 log, pseudo)
+            model, history, log = _fit_member(p, ws, direction, i, r, code, pseudo)
             states[name] = model.state_dict()
             models[name] = model
             rows += [dict(direction=name, **row) for row in history]
@@ -92,6 +95,20 @@ def classify(p: Params, ws: Workspace) -> dict:
     return metrics
 
 
+def _fit_member(p: Params, ws: Workspace, direction: str, i: int, r: int, code: str, pseudo: Pseudo | None):
+    """A direction's i-th member in self-training round r, from its domain LM -> (model, history, lr steps)."""
+    name, log = member_name(direction, i), []
+    ckpt = ws.art("train_classifier", f"checkpoint-{name}" + (f"-round{r}" if r else "") + ".pt")
+    member = replace(p, classifier=replace(p.classifier, seed=p.classifier.seed + 1000 * i))
+    model, history = fit(member, ws, direction, ws.art("finetune_lm", f"lm-{direction}.pt"), ckpt, code, log, pseudo)
+    return model, history, log
+
+
+def _classify_direction(p: Params, ws: Workspace, direction: str) -> list[Path]:
+    classify(p, ws, only=direction)
+    return sorted(ws.art("train_classifier").glob(f"checkpoint-{direction}*.pt"))
+
+
 STAGE = Stage(
     name="train_classifier", run=classify,
     summary="gradual unfreezing + STLR from the domain LMs; writes the servable bundle artifacts/train_classifier/model",
@@ -104,4 +121,5 @@ STAGE = Stage(
                         ws.metrics("train_classifier")],
     plots=("classifier_loss.png", "lr_schedule.png"), curves=("classifier_history.csv", "lr_schedule.csv"),
     history="classifier_history.csv",
+    direction=_classify_direction,
 )
