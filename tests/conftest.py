@@ -63,3 +63,18 @@ def make_bundle(dest: Path, corpus: Path, vocab: int = 200, weights_vocab: int |
     model = TextClassifier(cfg, len(CLASSES), bptt=20, max_len=100)
     save_classifier(dest, spm, CLASSES, cfg, {"fwd": model.state_dict()}, 20, 100)
     return dest
+
+
+@pytest.fixture
+def prefect_api(tmp_path) -> str:
+    """One real Prefect server for a test's CLI calls (PREFECT_API_URL): each then skips starting a temporary one."""
+    from tests.processes import clean_env, free_port, start_server, stop
+
+    procs: dict = {}
+    home = tmp_path / "prefect-server"
+    home.mkdir()
+    try:
+        yield start_server(home, clean_env(home / "home"), free_port(), procs)
+    finally:
+        for proc, _ in procs.values():
+            stop(proc)

@@ -36,16 +36,18 @@ datasets:
 """
 
 
-def _run(ws: Path, *args: str) -> subprocess.CompletedProcess:
+def _run(ws: Path, *args: str, api: str | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{ws / 'mlflow.db'}")
+    if api:  # a running Prefect server: no temporary one per command
+        env["PREFECT_API_URL"] = api
     return subprocess.run([TRANSFER, "benchmark", "--suite", "suite.yaml", "--out", "out", *args], cwd=ws,
                           capture_output=True, text=True, env=env, timeout=900)
 
 
-def test_a_suite_shares_one_general_lm_and_resumes(tmp_path):
+def test_a_suite_shares_one_general_lm_and_resumes(tmp_path, prefect_api):
     ws = make_workspace(tmp_path / "ws")
     (ws / "suite.yaml").write_text(SUITE)
-    first = _run(ws)
+    first = _run(ws, api=prefect_api)
     assert first.returncode == 0, first.stderr[-3000:]
     out = ws / "out"
     with open(out / "results.csv", newline="") as f:
@@ -85,7 +87,7 @@ def test_a_suite_shares_one_general_lm_and_resumes(tmp_path):
 
     # --resume keeps every cell: nothing trains again, the rows are the same
     stamp = (out / "work" / "demo" / "cells" / "40-s0" / "metrics" / "evaluate.json").stat().st_mtime_ns
-    again = _run(ws, "--resume")
+    again = _run(ws, "--resume", api=prefect_api)
     assert again.returncode == 0, again.stderr[-3000:]
     with open(out / "results.csv", newline="") as f:
         assert list(csv.DictReader(f)) == rows
@@ -101,7 +103,7 @@ def test_a_suite_shares_one_general_lm_and_resumes(tmp_path):
     workers = [start([str(BIN / "dask"), "worker", address, "--nthreads", "1", "--nworkers", "1", "--no-dashboard",
                       "--memory-limit", "0"], env, ws, tmp_path / f"worker{i}.log") for i in range(2)]
     try:
-        env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{ws / 'mlflow.db'}")
+        env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{ws / 'mlflow.db'}", PREFECT_API_URL=prefect_api)
         proc = subprocess.Popen([TRANSFER, "benchmark", "--suite", "suite.yaml", "--out", "out-dask", "--general-lm",
                                  "out/general", "--dask-address", address], cwd=ws, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
@@ -137,7 +139,7 @@ def test_a_suite_shares_one_general_lm_and_resumes(tmp_path):
         for s in ("pretrain", "finetune_lm", "train_classifier"):
             for ckpt in (ws / "artifacts" / s).glob("checkpoint-*.pt"):
                 ckpt.unlink()
-        run = subprocess.run([TRANSFER, "run", "--dask-address", address], cwd=ws, env=env, capture_output=True,
+        run = subprocess.run([TRANSFER, "run", "--no-promote", "--dask-address", address], cwd=ws, env=env, capture_output=True,
                              text=True, timeout=900)
         assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
         for s in ("pretrain", "finetune_lm"):

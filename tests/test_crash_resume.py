@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from tests.conftest import make_workspace
-from tests.processes import clean_env, free_port, start_server, stop
 
 pytestmark = pytest.mark.slow
 TRANSFER = str(Path(sys.executable).parent / "transfer")
@@ -28,22 +27,9 @@ FAST = ["pretrain.max_tokens=8000", "finetune_lm.max_tokens=6000", "pretrain.che
         'evaluate.variants=["tfidf", "ulmfit_fwd"]']
 
 
-@pytest.fixture
-def prefect_api(tmp_path):
-    """One real Prefect server for every run of the test: a kill takes the run's client, not the server, as in a
-    deployment (and no run waits for a temporary server to start)."""
-    procs: dict = {}
-    home = tmp_path / "prefect-server"
-    home.mkdir()
-    try:
-        yield start_server(home, clean_env(home / "home"), free_port(), procs)
-    finally:
-        for proc, _ in procs.values():
-            stop(proc)
-
-
-def _env(ws: Path, api: str) -> dict:
-    return {**os.environ, "PREFECT_HOME": str(ws / ".prefect-home"), "PREFECT_API_URL": api,
+def _env(ws: Path, api: str | None = None) -> dict:
+    """A workspace's own Prefect home and MLflow store; `api`: a running Prefect server (else a temporary one)."""
+    return {**os.environ, "PREFECT_HOME": str(ws / ".prefect-home"), **({"PREFECT_API_URL": api} if api else {}),
             "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}", "PYTHONUNBUFFERED": "1"}
 
 
@@ -95,7 +81,7 @@ def test_runs_killed_at_random_moments_resume_to_the_uninterrupted_result(tmp_pa
     ws = make_workspace(tmp_path / "killed", FAST)
     rng = random.Random(7)
     kills = 0
-    while kills < 10:
+    while kills < 6:
         # every kill lands while the pipeline's MLflow run is open, in a stage or between two
         code, _ = _run(ws, prefect_api, kill_after=rng.uniform(0.0, full * 0.9))
         if code is None:

@@ -279,13 +279,13 @@ def test_a_general_lm_moves_to_another_machine_with_dvc_push_and_pull(pipeline, 
         repo.dvc("remote", "remove", "team")
 
 
-def _flow(repo: Repo) -> subprocess.CompletedProcess:
-    env = {**repo.env, "PREFECT_HOME": str(repo.root.parent / "prefect-home"),
+def _flow(repo: Repo, api: str) -> subprocess.CompletedProcess:
+    env = {**repo.env, "PREFECT_HOME": str(repo.root.parent / "prefect-home"), "PREFECT_API_URL": api,
            "MLFLOW_TRACKING_URI": f"sqlite:///{repo.root.parent / 'mlflow.db'}"}
     return _run([str(BIN / "transfer"), "run", "--no-promote"], repo.root, env)
 
 
-def test_one_state_for_both_engines(pipeline):
+def test_one_state_for_both_engines(pipeline, prefect_api):
     """After `dvc repro`, `transfer run` trains nothing; a figures edit keeps both engines cached; a fix to the
     model retrains pretrain (new weights, not its old checkpoint) under `transfer run`, which records it for
     DVC. Runs last: it leaves the repo re-committed, with the model edit undone."""
@@ -293,7 +293,7 @@ def test_one_state_for_both_engines(pipeline):
 
     repo, *_ = pipeline
     before = _mtimes(repo.root)
-    _flow(repo)
+    _flow(repo, prefect_api)
     assert _mtimes(repo.root) == before  # every stage was up to date in dvc.lock: nothing rewritten
     assert repo.status() == {}
 
@@ -301,7 +301,7 @@ def test_one_state_for_both_engines(pipeline):
     originals = {f: f.read_bytes() for f in (plots, model)}
     try:
         plots.write_bytes(originals[plots] + b"\n# restyled\n")
-        _flow(repo)
+        _flow(repo, prefect_api)
         assert _mtimes(repo.root) == before and repo.status() == {}
 
         ckpt = repo.root / "artifacts" / "pretrain" / "checkpoint-fwd.pt"
@@ -311,7 +311,7 @@ def test_one_state_for_both_engines(pipeline):
         assert fixed != originals[model]
         model.write_bytes(fixed)
         assert {"pretrain", "finetune_lm", "train_classifier", "evaluate"} <= set(repo.status())
-        _flow(repo)
+        _flow(repo, prefect_api)
         assert torch.load(ckpt, weights_only=True)["fingerprint"] != old  # retrained, not resumed as done
         new_weights = torch.load(repo.root / "artifacts" / "pretrain" / "lm-fwd.pt", weights_only=True)
         assert not torch.equal(new_weights["encoder.embed.weight"], old_weights["encoder.embed.weight"])
