@@ -65,14 +65,14 @@ def make_bundle(dest: Path, corpus: Path, vocab: int = 200, weights_vocab: int |
     return dest
 
 
-@pytest.fixture
-def prefect_api(tmp_path) -> str:
-    """One real Prefect server for a test's CLI calls (PREFECT_API_URL): each then skips starting a temporary one."""
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory) -> str:
+    """One real Prefect server for the session's CLI calls (PREFECT_API_URL): each skips starting a temporary one
+    (~13 s here). Workspaces keep their own cache (`.prefect-results`) and MLflow store, so they stay apart."""
     from tests.processes import clean_env, free_port, start_server, stop
 
     procs: dict = {}
-    home = tmp_path / "prefect-server"
-    home.mkdir()
+    home = tmp_path_factory.mktemp("prefect-server")
     try:
         yield start_server(home, clean_env(home / "home"), free_port(), procs)
     finally:

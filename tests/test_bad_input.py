@@ -29,7 +29,6 @@ from typing import Callable, Iterator
 import pytest
 
 from tests.conftest import make_bundle, make_workspace
-from tests.processes import clean_env, free_port, start_server, stop
 
 TRANSFER = str(Path(sys.executable).with_name("transfer"))
 TRAIN, TEST, GENERAL = Path("data/demo/train.csv"), Path("data/demo/test.csv"), Path("data/demo/general.txt")
@@ -416,20 +415,13 @@ def results(request, template, tmp_path_factory) -> Iterator[dict[str, Result]]:
     if any(item.module.__name__ == __name__ and item.name == "test_debug_prints_traceback"
            for item in request.session.items):
         wanted.add(DEBUG.id)
-    procs: dict = {}
-    try:
-        yield _run_all(wanted, template, tmp_path_factory, procs)
-    finally:
-        for proc, _ in procs.values():
-            stop(proc)
-
-
-def _run_all(wanted: set[str], template: Path, tmp_path_factory, procs: dict) -> dict[str, Result]:
     flows = [cid for cid in wanted if cid.startswith("run-") and not cid.startswith(("run-params_", "run-override_"))]
-    api = None
-    if flows:  # the cases that reach a flow; bad params fail before any server is needed
-        home = tmp_path_factory.mktemp("prefect-server")
-        api = start_server(home, clean_env(home / "home"), free_port(), procs)
+    # the cases that reach a flow share the session's Prefect server; bad params fail before any server is needed
+    api = request.getfixturevalue("prefect_api") if flows else None
+    yield _run_all(wanted, template, tmp_path_factory, api)
+
+
+def _run_all(wanted: set[str], template: Path, tmp_path_factory, api: str | None) -> dict[str, Result]:
     t_start = time.perf_counter()
     root = tmp_path_factory.mktemp("cases")
     jobs = []

@@ -139,8 +139,8 @@ def test_a_suite_shares_one_general_lm_and_resumes(tmp_path, prefect_api):
         for s in ("pretrain", "finetune_lm", "train_classifier"):
             for ckpt in (ws / "artifacts" / s).glob("checkpoint-*.pt"):
                 ckpt.unlink()
-        run = subprocess.run([TRANSFER, "run", "--no-promote", "--dask-address", address], cwd=ws, env=env, capture_output=True,
-                             text=True, timeout=900)
+        run = subprocess.run([TRANSFER, "run", "--no-promote", "--dask-address", address], cwd=ws, env=env,
+                             capture_output=True, text=True, timeout=900)
         assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
         for s in ("pretrain", "finetune_lm"):
             assert f"{s} fwd: Completed" in run.stdout + run.stderr and f"{s} bwd: Completed" in run.stdout + run.stderr

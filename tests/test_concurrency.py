@@ -15,9 +15,10 @@ from tests.test_crash_resume import FAST, TRANSFER, _env
 pytestmark = pytest.mark.slow
 
 
-def test_a_second_run_refuses_or_waits_for_the_workspace_lock(tmp_path):
+def test_a_second_run_refuses_or_waits_for_the_workspace_lock(tmp_path, prefect_api):
     ws = make_workspace(tmp_path / "ws", FAST)
-    first = subprocess.Popen([TRANSFER, "run"], cwd=ws, env=_env(ws), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    env = _env(ws, prefect_api)
+    first = subprocess.Popen([TRANSFER, "run"], cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
     try:
         deadline = time.time() + 120
@@ -26,7 +27,7 @@ def test_a_second_run_refuses_or_waits_for_the_workspace_lock(tmp_path):
         refused = subprocess.run([TRANSFER, "run"], cwd=ws, env=_env(ws), capture_output=True, text=True, timeout=120)
         assert refused.returncode != 0
         assert ".transfer.lock" in refused.stderr and "Traceback" not in refused.stderr
-        queued = subprocess.run([TRANSFER, "run", "--lock-timeout", "900"], cwd=ws, env=_env(ws), capture_output=True,
+        queued = subprocess.run([TRANSFER, "run", "--lock-timeout", "900"], cwd=ws, env=env, capture_output=True,
                                 text=True, timeout=960)
         assert first.wait(timeout=60) == 0, first.stderr.read()
         assert queued.returncode == 0, queued.stderr
