@@ -20,7 +20,7 @@ import mlflow
 from prefect import flow, get_run_logger
 
 from flows.cells import LM_PARTS, cell_task, failure_reason, link_parts, run_cell
-from flows.scale import dask_runner
+from flows.scale import dask_runner, worker_threads
 from tasks.cache import content_digest
 from tasks.tracking import ensure_experiment, log_figure_png, metric_key, start_pipeline_run
 from transfer.benchmark import COLUMNS, Dataset, Suite, cell_key, cell_overrides, load_suite, markdown_table
@@ -201,6 +201,6 @@ def run_benchmark(suite: str, out: str, budgets: list[str] | None = None, seeds:
     runner = dask_runner(dask_address, workers)
     if runner is None:
         return benchmark_flow(*args)
-    threads = max(1, (os.cpu_count() or 1) // workers) if workers else None
+    threads = worker_threads(workers)
     return benchmark_flow.with_options(task_runner=runner)(*args, threads=threads, concurrent=True)
 

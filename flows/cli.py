@@ -45,8 +45,8 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Show full traceback
 def run(params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
         promote: bool = typer.Option(True, help="Register the classifier and apply the champion gate."),
         nproc: int = typer.Option(1, "--nproc", min=1, help="Processes per training stage (data-parallel, torch.distributed; global batch = bs x nproc)."),
-        dask_address: Optional[str] = typer.Option(None, "--dask-address", help="Train the LM stages' directions at once on this Dask cluster (tcp://HOST:PORT; default $TRANSFER_DASK_ADDRESS); workers must share this workspace's filesystem."),
-        workers: Optional[int] = typer.Option(None, "--workers", help="Train the LM stages' directions at once on a local Dask cluster of N one-thread processes."),
+        dask_address: Optional[str] = typer.Option(None, "--dask-address", help="Train each training stage's directions at once on this Dask cluster (tcp://HOST:PORT; default $TRANSFER_DASK_ADDRESS); workers must share this workspace's filesystem."),
+        workers: Optional[int] = typer.Option(None, "--workers", help="Train each training stage's directions at once on a local Dask cluster of N one-thread processes."),
         lock_timeout: float = typer.Option(0, help="Seconds to wait for another run in this workspace (0: refuse).")) -> None:
     """Run the whole pipeline as a Prefect flow (cached stages are skipped), then print a summary."""
     from transfer.config import load_params

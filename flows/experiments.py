@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import mlflow
 from prefect import flow, get_run_logger
 
 from flows.cells import cell_task, failure_reason, run_cell
-from flows.scale import dask_runner
+from flows.scale import dask_runner, worker_threads
 from flows.ulmfit import ensure_demo_data, run_name, run_stage_tasks
 from tasks.cache import cache_dir, content_digest
 from tasks.tracking import ensure_experiment, log_figure_png, metric_key, start_pipeline_run
@@ -168,7 +167,7 @@ def run_sample_efficiency(budgets: list[str], seeds: list[int], params_path: str
     with cache_dir(Path(root) / ".prefect-results"):
         if runner is None:
             return sample_efficiency_flow(*args)
-        threads = max(1, (os.cpu_count() or 1) // workers) if workers else None
+        threads = worker_threads(workers)
         return sample_efficiency_flow.with_options(task_runner=runner)(*args, threads=threads, concurrent=True)
 
 

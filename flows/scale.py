@@ -7,7 +7,7 @@ import os
 
 from transfer.errors import TransferError
 
-__all__ = ["dask_runner", "DASK_ADDRESS_ENV"]
+__all__ = ["dask_runner", "worker_threads", "DASK_ADDRESS_ENV"]
 
 DASK_ADDRESS_ENV = "TRANSFER_DASK_ADDRESS"
 
@@ -32,3 +32,9 @@ def dask_runner(address: str | None = None, workers: int | None = None):
     # processes, not threads: torch and the GIL; one thread each, and each cell sets torch to its share of cores
     return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
                                           "dashboard_address": None})
+
+
+def worker_threads(workers: int | None) -> int | None:
+    """Torch threads per task on a local cluster of `workers` processes (their share of the cores); None on a
+    cluster of yours, whose workers set OMP_NUM_THREADS themselves."""
+    return max(1, (os.cpu_count() or 1) // workers) if workers else None

@@ -10,7 +10,7 @@ from typing import Iterable
 import mlflow
 from prefect import flow, get_run_logger
 
-from flows.scale import dask_runner
+from flows.scale import dask_runner, worker_threads
 from tasks import dvc_state, lm_registry
 from tasks.cache import cache_dir
 from tasks.pipeline import (RETRIES, direction_task, log_stage, promote_task, register_classifier, stage_task,
@@ -58,7 +58,7 @@ def ulmfit_flow(params_path: str = "params.yaml", overrides: list[str] | None = 
                 promote: bool = True, nproc: int = 1, threads: int | None = None, concurrent: bool = False) -> dict:
     """Run every stage (cached on content), log to MLflow, register the classifier and apply the promotion gate.
     nproc > 1: the training stages run as data-parallel jobs of that many processes (transfer/launch.py).
-    concurrent: the LM stages' directions train at once on the flow's task runner (a Dask cluster)."""
+    concurrent: the training stages' directions train at once on the flow's task runner (a Dask cluster)."""
     logger = get_run_logger()
     root_path = Path(root).resolve()
     p = load_params(root_path / params_path, overrides or [])
@@ -111,7 +111,7 @@ def run_stage_tasks(p: Params, paths: Workspace, log_to_mlflow: bool = True, dvc
                     nproc: int = 1, stages: Iterable[str] = STAGES, threads: int | None = None,
                     concurrent: bool = False) -> tuple[dict, dict]:
     """Every stage (or `stages`) in order as a cached task -> (metrics by stage, {stage: {state, seconds}}).
-    concurrent: an LM stage's directions first train at once, as tasks on the flow's runner (Dask workers)."""
+    concurrent: a training stage's directions first train at once, as tasks on the flow's runner (Dask)."""
     logger = get_run_logger()
     results, states = {}, {}
     for stage in stages:
@@ -135,9 +135,7 @@ def _train_directions(stage: str, p: Params, paths: Workspace, threads: int | No
     futures = {d: direction_task.with_options(task_run_name=f"{stage}-{d}").submit(
         stage, p, paths.root, d, os.getcwd(), threads) for d in p.model.directions}
     for d, future in futures.items():
-        future.wait()
-        if not future.state.is_completed():
-            future.result()  # raises the direction's own error
+        future.result()  # raises the direction's own error
         logger.info(f"{stage} {d}: {future.state.name}")
 
 
@@ -145,13 +143,13 @@ def run_pipeline(params_path: str = "params.yaml", overrides: list[str] | None =
                  promote: bool = True, nproc: int = 1, dask_address: str | None = None,
                  workers: int | None = None) -> dict:
     """Run the flow with task results (the cache) persisted under `<root>/.prefect-results`; with `dask_address`
-    or `workers` (flows/scale.py), the LM stages' directions train at once on Dask workers."""
+    or `workers` (flows/scale.py), the training stages' directions train at once on Dask workers."""
     kw = dict(params_path=params_path, overrides=list(overrides or []), root=str(root), promote=promote, nproc=nproc)
     runner = dask_runner(dask_address, workers)
     with cache_dir(Path(root) / ".prefect-results"):
         if runner is None:
             return ulmfit_flow(**kw)
-        threads = max(1, (os.cpu_count() or 1) // workers) if workers else None
+        threads = worker_threads(workers)
         return ulmfit_flow.with_options(task_runner=runner)(**kw, threads=threads, concurrent=True)
 
 

@@ -141,13 +141,13 @@ def test_a_suite_shares_one_general_lm_and_resumes(tmp_path, prefect_api):
                 ckpt.unlink()
         run = subprocess.run([TRANSFER, "run", "--no-promote", "--dask-address", address], cwd=ws, env=env,
                              capture_output=True, text=True, timeout=900)
-        assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+        log = run.stdout + run.stderr
+        assert run.returncode == 0, log[-3000:]
+        for s in ("pretrain", "finetune_lm", "train_classifier"):
+            assert f"{s} fwd: Completed" in log and f"{s} bwd: Completed" in log
         for s in ("pretrain", "finetune_lm"):
-            assert f"{s} fwd: Completed" in run.stdout + run.stderr and f"{s} bwd: Completed" in run.stdout + run.stderr
             assert (ws / "artifacts" / s / "lm-fwd.pt").read_bytes() == in_order[s]
             assert (ws / "artifacts" / s / "lm-bwd.pt").is_file()
-        log = run.stdout + run.stderr
-        assert "train_classifier fwd: Completed" in log and "train_classifier bwd: Completed" in log
         # the forward classifier is the in-order sweep's all-label one (same LM, rows and seed)
         fwd = [json.loads((w / "metrics" / "train_classifier.json").read_text())["fwd"]
                for w in (ws, ws / "sweep" / "all-s0")]

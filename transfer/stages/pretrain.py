@@ -22,8 +22,6 @@ def pretrain(p: Params, ws: Workspace, only: str | None = None) -> dict:
     """General-domain LM, one per direction; reports perplexity on a held-out tail and on `data.lm_eval`. With
     `pretrain.from_lm`, the published LM's weights and the figures it was published with. only=DIRECTION: that
     direction's LM alone, nothing shared written (see `Stage.direction`)."""
-    if only and p.pretrain.from_lm:
-        return {}
     if p.pretrain.from_lm:
         folder, lm = read_manifest(p)
         for direction in p.model.directions:
@@ -51,8 +49,10 @@ def pretrain(p: Params, ws: Workspace, only: str | None = None) -> dict:
 
 
 def _pretrain_direction(p: Params, ws: Workspace, direction: str) -> list[Path]:
+    if p.pretrain.from_lm:  # nothing to train: the stage copies the published LM
+        return []
     pretrain(p, ws, only=direction)
-    return [ws.art("pretrain", f"lm-{direction}.pt")] if not p.pretrain.from_lm else []
+    return [ws.art("pretrain", f"lm-{direction}.pt")]
 
 
 STAGE = Stage(
