@@ -68,3 +68,19 @@ def test_select_members_never_averages_in_a_member_at_chance():
     assert "bwd" not in members and members[0] in ("fwd", "fwd-1")
     assert acc >= max((good.argmax(1) == y).mean(), (also_good.argmax(1) == y).mean())
     assert select_members({"bwd": chance}, y)[0] == ["bwd"]  # one member: kept, whatever it scores
+
+
+def test_the_mix_choice_breaks_an_accuracy_tie_on_validation_nll():
+    from transfer.stages.evaluate import choose_on_validation
+
+    y = np.array([0, 1, 2, 0, 1, 2, 0, 1])
+    sure = softmax(np.eye(3)[y] * 6.0)  # right everywhere, confident
+    unsure = softmax(np.eye(3)[y] * 0.5)  # right everywhere too, hesitant: the same accuracy
+    chosen, scores = choose_on_validation({"average": unsure, "tfidf": sure}, y)
+    assert chosen == "tfidf" and scores["average"]["accuracy"] == scores["tfidf"]["accuracy"] == 1.0
+    # accuracy still comes first: one more right row beats any NLL
+    wrong_once = sure.copy()
+    wrong_once[0] = softmax(np.array([[0.0, 6.0, 0.0]]))[0]
+    assert choose_on_validation({"average": unsure, "tfidf": wrong_once}, y)[0] == "average"
+    # an exact tie on both keeps the first listed (the average)
+    assert choose_on_validation({"average": sure, "ulmfit": sure.copy()}, y)[0] == "average"
