@@ -115,8 +115,11 @@ def report(tables: dict[str, pd.DataFrame], read: dict[str, int], dropped: dict[
     out["duplicates"] = {name: {"exact": int(df["text"].duplicated().sum()),
                                 "normalised": int(len(df) - len(keys[name]))} for name, df in tables.items()}
     names = list(tables)
-    out["conflicting_texts"] = {name: int(df.groupby([normalise(t) for t in df["text"]])["label"].nunique().gt(1).sum())
-                                for name, df in tables.items() if df["label"].notna().all()}
+    # keys as an object Series: a plain list becomes a fixed-width numpy string array (rows x longest text)
+    out["conflicting_texts"] = {
+        name: int(df["label"].groupby(pd.Series([normalise(t) for t in df["text"]], index=df.index, dtype=object))
+                  .nunique().gt(1).sum())
+        for name, df in tables.items() if df["label"].notna().all()}
     out["overlap"] = {f"{a}/{b}": len(keys[a] & keys[b]) for i, a in enumerate(names) for b in names[i + 1:]}
     out["classes"] = {name: {str(k): int(v) for k, v in df["label"].value_counts().sort_index().items()}
                       for name, df in tables.items() if df["label"].notna().all()}
