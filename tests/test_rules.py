@@ -9,7 +9,7 @@ import pandas as pd
 import torch
 
 from transfer.config import load_params
-from transfer.rules import apply, data_stats, resolve
+from transfer.rules import apply, data_stats, resolve, valid_share
 from transfer.stages import Workspace, run_stage
 from transfer.train_clas import class_weights
 
@@ -47,6 +47,21 @@ def test_prepare_records_the_rules_and_the_classifier_stages_read_them(workspace
     assert resolved.classifier.max_len == prepared["rules"]["classifier.max_len"]["value"] != p.classifier.max_len
     assert resolved.classifier.min_steps_per_phase == 50
     assert apply(p, {"classes": ["a"]}) == p  # data.rules off: nothing changes
+
+
+def test_small_sets_hold_out_enough_validation_rows_to_compare_on(workspace):
+    assert valid_share(5000, 0.1) == dict(value=0.1, why="0.1 of 5,000 rows")
+    assert valid_share(1000, 0.1)["value"] == 0.2  # 200 rows, not 100
+    assert valid_share(400, 0.1)["value"] == 0.25  # never more than a quarter
+    assert "would hold out 40" in valid_share(400, 0.1)["why"]
+    # through prepare: the demo's 240 rows (after its test split) hold out 60 for validation, not 24
+    p = load_params(workspace / "params.yaml", ["data.rules=true"])
+    paths = Workspace(workspace)
+    run_stage("prepare", p, paths)
+    prepared = json.loads(paths.metrics("prepare").read_text())
+    assert prepared["n_valid"] == 60 == len(pd.read_csv(paths.art("prepare", "valid.csv")))
+    assert prepared["rules"]["data.valid_frac"]["value"] == 0.25
+    assert apply(p, prepared).data.valid_frac == 0.25
 
 
 def test_class_weights_make_a_balanced_set_uniform():

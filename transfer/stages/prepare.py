@@ -79,8 +79,10 @@ def prepare(p: Params, ws: Workspace) -> dict:
     if test is None:
         train, test = _split(train, d.test_frac, d.seed, "test", d.train)
     valid = read("valid", d.valid) if d.valid else None
+    valid_rule = rules.valid_share(len(train), d.valid_frac) if d.rules and valid is None else None
     if valid is None:
-        train, valid = _split(train, d.valid_frac, d.seed, "validation", d.train)
+        train, valid = _split(train, valid_rule["value"] if valid_rule else d.valid_frac, d.seed, "validation",
+                              d.train)
     classes = sorted(train["label"].unique())
     for name, df, src in (("validation", valid, d.valid or d.train), ("test", test, d.test or d.train)):
         unknown = sorted(set(df["label"]) - set(classes))
@@ -114,6 +116,8 @@ def prepare(p: Params, ws: Workspace) -> dict:
     if d.rules:  # the classifier settings that depend on the data, with their reasons
         metrics["data_stats"] = rules.data_stats(list(labelled["text"]), list(labelled["label"]), len(unlabelled))
         metrics["rules"] = rules.resolve(metrics["data_stats"], p)
+        if valid_rule:
+            metrics["rules"]["data.valid_frac"] = valid_rule
     write_json(ws.metrics("prepare"), metrics)
     return metrics
 
