@@ -9,7 +9,7 @@ import pandas as pd
 import torch
 
 from transfer.config import load_params
-from transfer.rules import apply, data_stats, resolve, valid_share
+from transfer.rules import apply, data_stats, resolve, valid_rows
 from transfer.stages import Workspace, run_stage
 from transfer.train_clas import class_weights
 
@@ -50,18 +50,20 @@ def test_prepare_records_the_rules_and_the_classifier_stages_read_them(workspace
 
 
 def test_small_sets_hold_out_enough_validation_rows_to_compare_on(workspace):
-    assert valid_share(5000, 0.1) == dict(value=0.1, why="0.1 of 5,000 rows")
-    assert valid_share(1000, 0.1)["value"] == 0.2  # 200 rows, not 100
-    assert valid_share(400, 0.1)["value"] == 0.25  # never more than a quarter
-    assert "would hold out 40" in valid_share(400, 0.1)["why"]
-    # through prepare: the demo's 240 rows (after its test split) hold out 60 for validation, not 24
+    assert valid_rows(5000, 0.1) == dict(value=500, why="0.1 of 5,000 rows")
+    assert valid_rows(1000, 0.1)["value"] == 200  # not 100
+    assert valid_rows(400, 0.1)["value"] == 100  # never more than a quarter
+    assert "would be 40" in valid_rows(400, 0.1)["why"]
+    assert valid_rows(1_022_983, 0.0001)["value"] == 200  # a row count: no fraction to round
+    # through prepare: the demo's 240 rows (after its test split) hold out 60 for validation, not 24; the count
+    # is recorded beside the rules, so the classifier stages' params stay as loaded
     p = load_params(workspace / "params.yaml", ["data.rules=true"])
     paths = Workspace(workspace)
     run_stage("prepare", p, paths)
     prepared = json.loads(paths.metrics("prepare").read_text())
-    assert prepared["n_valid"] == 60 == len(pd.read_csv(paths.art("prepare", "valid.csv")))
-    assert prepared["rules"]["data.valid_frac"]["value"] == 0.25
-    assert apply(p, prepared).data.valid_frac == 0.25
+    assert prepared["n_valid"] == 60 == prepared["valid_rows"]["value"]
+    assert len(pd.read_csv(paths.art("prepare", "valid.csv"))) == 60
+    assert apply(p, prepared).data == p.data
 
 
 def test_class_weights_make_a_balanced_set_uniform():

@@ -20,12 +20,12 @@ import numpy as np
 
 from transfer.config import Params
 
-__all__ = ["data_stats", "resolve", "apply", "valid_share", "TOKENS_PER_WORD"]
+__all__ = ["data_stats", "resolve", "apply", "valid_rows", "TOKENS_PER_WORD"]
 
 TOKENS_PER_WORD = 1.3  # SentencePiece unigram at 8k-16k pieces on English news and tweets: 1.2-1.4
 MAX_LEN_CAP = 1440  # the paper's BPT3C window (20 x bptt 72): gradients on at most this many final tokens
 IMBALANCED = 3.0  # largest class / smallest class above which the loss weights classes
-MIN_VALID_ROWS = 200  # the guards compare validation accuracies a few points apart; see valid_share
+MIN_VALID_ROWS = 200  # the guards compare validation accuracies a few points apart; see valid_rows
 
 
 def data_stats(texts: list[str], labels: list[str], n_unlabelled: int) -> dict[str, Any]:
@@ -38,19 +38,19 @@ def data_stats(texts: list[str], labels: list[str], n_unlabelled: int) -> dict[s
                 words_p95=float(np.percentile(words, 95)))
 
 
-def valid_share(n_rows: int, frac: float) -> dict[str, Any]:
-    """The share of training rows held out for validation when the data has no validation file.
+def valid_rows(n_rows: int, frac: float) -> dict[str, Any]:
+    """How many training rows to hold out for validation when the data has no validation file.
 
     `frac` of the rows, but at least MIN_VALID_ROWS (and at most a quarter of the rows): every guard (self-training
     rounds, ensemble members, the ulmfit+tfidf mix, the registry gate) decides on validation accuracy, and on a
     few dozen rows one row is several points.
     """
-    n = max(round(n_rows * frac), min(MIN_VALID_ROWS, n_rows // 4))
-    share = n / max(n_rows, 1)
-    why = (f"{frac:g} of {n_rows:,} rows" if n == round(n_rows * frac)
-           else f"{n} of {n_rows:,} rows: {frac:g} would hold out {round(n_rows * frac)}, too few to compare on "
-                f"(at least {MIN_VALID_ROWS}, at most a quarter)")
-    return dict(value=round(share, 6), why=why)
+    by_frac = round(n_rows * frac)
+    n = max(by_frac, min(MIN_VALID_ROWS, n_rows // 4))
+    why = (f"{frac:g} of {n_rows:,} rows" if n == by_frac
+           else f"{frac:g} of {n_rows:,} rows would be {by_frac}, too few to compare on (at least {MIN_VALID_ROWS}, "
+                f"at most a quarter)")
+    return dict(value=n, why=why)
 
 
 def resolve(stats: dict[str, Any], p: Params) -> dict[str, dict[str, Any]]:

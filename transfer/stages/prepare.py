@@ -25,8 +25,10 @@ def texts_file(path: Path, texts: Iterator[str]) -> Path:
     return path
 
 
-def _split(df: pd.DataFrame, frac: float, seed: int, what: str, source: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Stratified, seeded split that keeps copies of a text together -> (rest, held out)."""
+def _split(df: pd.DataFrame, frac: float, seed: int, what: str, source: str,
+           rows: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Stratified, seeded split of `frac` (or `rows`) of the rows that keeps copies of a text together -> (rest,
+    held out)."""
     counts = df["label"].value_counts()
     if len(counts) < 2:
         raise TransferError(f"{source}: only one class ({counts.index[0]!r}); a classifier needs at least two")
@@ -34,7 +36,7 @@ def _split(df: pd.DataFrame, frac: float, seed: int, what: str, source: str) -> 
     if len(small):
         raise TransferError(f"{source}: class {small.index[0]!r} has {int(small.iloc[0])} row; holding out a "
                             f"stratified {what} split needs at least 2 rows per class")
-    n_out = max(len(counts), round(len(df) * frac))
+    n_out = max(len(counts), round(len(df) * frac) if rows is None else rows)
     if len(df) - n_out < len(counts):
         raise TransferError(f"{source}: {len(df)} rows are too few to hold out a {what} split of {frac:.0%} "
                             f"with every one of {len(counts)} classes on both sides")
@@ -79,10 +81,10 @@ def prepare(p: Params, ws: Workspace) -> dict:
     if test is None:
         train, test = _split(train, d.test_frac, d.seed, "test", d.train)
     valid = read("valid", d.valid) if d.valid else None
-    valid_rule = rules.valid_share(len(train), d.valid_frac) if d.rules and valid is None else None
+    valid_rows = rules.valid_rows(len(train), d.valid_frac) if d.rules and valid is None else None
     if valid is None:
-        train, valid = _split(train, valid_rule["value"] if valid_rule else d.valid_frac, d.seed, "validation",
-                              d.train)
+        train, valid = _split(train, d.valid_frac, d.seed, "validation", d.train,
+                              valid_rows["value"] if valid_rows else None)
     classes = sorted(train["label"].unique())
     for name, df, src in (("validation", valid, d.valid or d.train), ("test", test, d.test or d.train)):
         unknown = sorted(set(df["label"]) - set(classes))
@@ -116,8 +118,8 @@ def prepare(p: Params, ws: Workspace) -> dict:
     if d.rules:  # the classifier settings that depend on the data, with their reasons
         metrics["data_stats"] = rules.data_stats(list(labelled["text"]), list(labelled["label"]), len(unlabelled))
         metrics["rules"] = rules.resolve(metrics["data_stats"], p)
-        if valid_rule:
-            metrics["rules"]["data.valid_frac"] = valid_rule
+        if valid_rows:  # beside the rules, not in them: `rules.apply` has nothing to set after the split
+            metrics["valid_rows"] = valid_rows
     write_json(ws.metrics("prepare"), metrics)
     return metrics
 
