@@ -74,13 +74,16 @@ def test_the_mix_choice_breaks_an_accuracy_tie_on_validation_nll():
     from transfer.stages.evaluate import choose_on_validation
 
     y = np.array([0, 1, 2, 0, 1, 2, 0, 1])
-    sure = softmax(np.eye(3)[y] * 6.0)  # right everywhere, confident
-    unsure = softmax(np.eye(3)[y] * 0.5)  # right everywhere too, hesitant: the same accuracy
-    chosen, scores = choose_on_validation({"average": unsure, "tfidf": sure}, y)
-    assert chosen == "tfidf" and scores["average"]["accuracy"] == scores["tfidf"]["accuracy"] == 1.0
-    # accuracy still comes first: one more right row beats any NLL
-    wrong_once = sure.copy()
-    wrong_once[0] = softmax(np.array([[0.0, 6.0, 0.0]]))[0]
-    assert choose_on_validation({"average": unsure, "tfidf": wrong_once}, y)[0] == "average"
+    right = softmax(np.eye(3)[y] * 2.0)
+    near_miss, sure_miss = right.copy(), right.copy()  # both wrong on row 0 only: the same accuracy
+    near_miss[0] = [0.35, 0.55, 0.10]  # the true class a close second
+    sure_miss[0] = [0.001, 0.998, 0.001]  # no room for the true class, whatever the temperature
+    chosen, scores = choose_on_validation({"average": sure_miss, "tfidf": near_miss}, y)
+    assert chosen == "tfidf" and scores["average"]["accuracy"] == scores["tfidf"]["accuracy"] == 7 / 8
+    # accuracy still comes first: one more right row beats a lower NLL
+    two_near_misses = near_miss.copy()
+    two_near_misses[1] = [0.10, 0.35, 0.55]
+    chosen, scores = choose_on_validation({"tfidf": two_near_misses, "average": sure_miss}, y)
+    assert chosen == "average" and scores["average"]["nll"] > scores["tfidf"]["nll"]
     # an exact tie on both keeps the first listed (the average)
-    assert choose_on_validation({"average": sure, "ulmfit": sure.copy()}, y)[0] == "average"
+    assert choose_on_validation({"average": near_miss, "ulmfit": near_miss.copy()}, y)[0] == "average"
