@@ -44,6 +44,10 @@ datasets:
 """
 
 
+SEQUENTIAL = ("in order, in process", "out-seq", [])
+TWO_WORKERS = ("Dask, 2 local workers", "out-w2", ["--workers", "2"])
+
+
 def run(ws: Path, out: str, *args: str, suite: str = "suite.yaml") -> float:
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{ws / 'mlflow.db'}")
     t0 = time.perf_counter()
@@ -57,21 +61,30 @@ def rows(path: Path) -> list[dict]:
         return [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(f)]
 
 
+def time_modes(ws: Path, modes: list[tuple[str, str, list[str]]], *args: str, suite: str = "suite.yaml",
+               before=lambda out: None) -> None:
+    """One `transfer benchmark` per (label, out, extra args); prints wall seconds and whether rows equal the first's."""
+    base = None
+    for label, out, extra in modes:
+        before(out)
+        seconds = run(ws, out, *args, *extra, suite=suite)
+        got = rows(ws / out / "results.csv")
+        base = base or got
+        print(f"{label:24s} {seconds:7.1f} s   {len(got)} rows, {'same as in order' if got == base else 'DIFFERENT'}")
+
+
 def real_cells(root: Path, suite: Path, general: Path, lms: Path) -> None:
     """The suite's cells in order, then on 2 local workers, each out folder seeded with OUT's domain LMs."""
-    root.mkdir(parents=True, exist_ok=True)
-    base = None
-    for label, out, extra in (("in order, in process", "out-seq", []), ("Dask, 2 local workers", "out-w2",
-                                                                        ["--workers", "2"])):
+    def seed_lms(out: str) -> None:
         for dataset in (lms / "work").iterdir():  # the dataset workspaces, without their cells
             for part in ("artifacts", "metrics", "plots"):
                 if (dataset / part).exists():
                     shutil.copytree(dataset / part, root / out / "work" / dataset.name / part, symlinks=True,
                                     dirs_exist_ok=True)
-        seconds = run(root, out, "--general-lm", str(general.resolve()), *extra, suite=str(suite.resolve()))
-        got = rows(root / out / "results.csv")
-        base = base or got
-        print(f"{label:24s} {seconds:7.1f} s   {len(got)} rows, {'same as in order' if got == base else 'DIFFERENT'}")
+
+    root.mkdir(parents=True, exist_ok=True)
+    time_modes(root, [SEQUENTIAL, TWO_WORKERS], "--general-lm", str(general.resolve()), suite=str(suite.resolve()),
+               before=seed_lms)
 
 
 def main() -> None:
@@ -89,14 +102,8 @@ def main() -> None:
     ws = make_workspace(root / "ws")
     (ws / "suite.yaml").write_text(SUITE)
     print(f"general LM (once): {run(ws, 'out-general', '--datasets', 'demo', '--budgets', '40', '--seeds', '0'):.1f} s")
-    general = ["--general-lm", "out-general/general"]
-    base = None
-    for label, out, extra in (("in order, in process", "out-seq", []), ("Dask, 1 local worker", "out-w1", ["--workers", "1"]),
-                              ("Dask, 2 local workers", "out-w2", ["--workers", "2"])):
-        seconds = run(ws, out, *general, *extra)
-        got = rows(ws / out / "results.csv")
-        base = base or got
-        print(f"{label:24s} {seconds:7.1f} s   {len(got)} rows, {'same as in order' if got == base else 'DIFFERENT'}")
+    time_modes(ws, [SEQUENTIAL, ("Dask, 1 local worker", "out-w1", ["--workers", "1"]), TWO_WORKERS],
+               "--general-lm", "out-general/general")
 
 
 if __name__ == "__main__":

@@ -110,16 +110,16 @@ def report(tables: dict[str, pd.DataFrame], read: dict[str, int], dropped: dict[
            controls: dict[str, int]) -> dict[str, Any]:
     """What `prepare` saw: rows read and dropped (and why), duplicates, overlap between splits, class balance,
     lengths in words and control characters cleaned, per split."""
-    keys = {name: set(normalise(t) for t in df["text"]) for name, df in tables.items()}
+    # object Series: a plain list would become a fixed-width numpy string array (rows x longest text) in groupby
+    normalised = {name: pd.Series([normalise(t) for t in df["text"]], index=df.index, dtype=object)
+                  for name, df in tables.items()}
+    keys = {name: set(n) for name, n in normalised.items()}
     out: dict[str, Any] = {"rows_read": read, "rows_dropped": dropped, "control_chars_cleaned": controls}
     out["duplicates"] = {name: {"exact": int(df["text"].duplicated().sum()),
                                 "normalised": int(len(df) - len(keys[name]))} for name, df in tables.items()}
     names = list(tables)
-    # keys as an object Series: a plain list becomes a fixed-width numpy string array (rows x longest text)
-    out["conflicting_texts"] = {
-        name: int(df["label"].groupby(pd.Series([normalise(t) for t in df["text"]], index=df.index, dtype=object))
-                  .nunique().gt(1).sum())
-        for name, df in tables.items() if df["label"].notna().all()}
+    out["conflicting_texts"] = {name: int(df["label"].groupby(normalised[name]).nunique().gt(1).sum())
+                                for name, df in tables.items() if df["label"].notna().all()}
     out["overlap"] = {f"{a}/{b}": len(keys[a] & keys[b]) for i, a in enumerate(names) for b in names[i + 1:]}
     out["classes"] = {name: {str(k): int(v) for k, v in df["label"].value_counts().sort_index().items()}
                       for name, df in tables.items() if df["label"].notna().all()}

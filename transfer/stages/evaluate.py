@@ -64,10 +64,8 @@ def evaluate(p: Params, ws: Workspace) -> dict:
             probs[variant] = ulmfit(None, "test")
         elif variant == "ulmfit+tfidf":  # the average, or its better member where the validation rows say so
             temps = [fit_temperature(ulmfit(None, "valid"), y_valid), fit_temperature(tfidf_probs("valid"), y_valid)]
-            # each option temperature-scaled, so their validation NLLs compare (the choice never changes argmax)
             options = {"average": lambda split: calibrated_average([ulmfit(None, split), tfidf_probs(split)], temps),
-                       "ulmfit": lambda split: calibrated_average([ulmfit(None, split)], temps[:1]),
-                       "tfidf": lambda split: calibrated_average([tfidf_probs(split)], temps[1:])}
+                       "ulmfit": lambda split: ulmfit(None, split), "tfidf": tfidf_probs}
             chosen[variant], mix_scores = choose_on_validation({k: f("valid") for k, f in options.items()}, y_valid)
             probs[variant] = options[chosen[variant]]("test")
         else:  # scratch, no_lm_tuning: the same classifier recipe from a random or an untuned-LM encoder
