@@ -129,3 +129,17 @@ def test_a_class_that_is_copies_of_one_text_cannot_be_split_and_says_so(workspac
     _write(workspace, pd.concat([df, rare, df.iloc[:5]], ignore_index=True))  # a copy elsewhere: group branch
     with pytest.raises(TransferError, match=r"train.csv: class 'rare' has 1 distinct text.*\(validation split\)"):
         run_stage("prepare", load_params(workspace / "params.yaml"), Workspace(workspace))
+
+
+def test_too_few_rows_to_hold_out_a_split_names_the_file_and_the_rows_it_would_take(workspace):
+    import pytest
+
+    from transfer.errors import TransferError
+
+    df = _train(workspace)
+    _write(workspace, pd.concat([df[df["label"] == c].iloc[:2] for c in sorted(df["label"].unique())]))
+    p = load_params(workspace / "params.yaml", ["data.valid_frac=0.7"])
+    with pytest.raises(TransferError, match=r"train.csv: 8 rows are too few to hold out a validation split of 6 rows "
+                                            r"\(70%\) with every one of 4 classes"):
+        run_stage("prepare", p, Workspace(workspace))
+    assert not (workspace / "artifacts/prepare/train.csv").exists()

@@ -38,7 +38,8 @@ def _split(df: pd.DataFrame, frac: float, seed: int, what: str, source: str,
                             f"stratified {what} split needs at least 2 rows per class")
     n_out = max(len(counts), round(len(df) * frac) if rows is None else rows)
     if len(df) - n_out < len(counts):
-        raise TransferError(f"{source}: {len(df)} rows are too few to hold out a {what} split of {frac:.0%} "
+        size = f"{n_out} rows" + (f" ({frac:.0%})" if rows is None else "")
+        raise TransferError(f"{source}: {len(df)} rows are too few to hold out a {what} split of {size} "
                             f"with every one of {len(counts)} classes on both sides")
     try:
         return hygiene.group_split(df, n_out, seed)
