@@ -133,21 +133,22 @@ def benchmark_flow(suite_path: str, out: str, budgets: list[str] | None = None, 
             "resumed_cells": str(len(done))}
 
     def record(d: Dataset, budget: str, seed: int, domain_s: float, result: tuple) -> None:
-        prep, evaluation, classifier_s, cell_s = result
+        prep, evaluation, classifier_s, cell_s, threads = result
         with mlflow.start_run(run_name=f"{d.name}-{budget}-s{seed}", nested=True, experiment_id=experiment_id,
-                              tags={"dataset": d.name, "budget": budget, "seed": str(seed)}):
+                              tags={"dataset": d.name, "budget": budget, "seed": str(seed),
+                                    "torch_threads": str(threads)}):
             mlflow.log_metrics({"domain_lm_s": domain_s, "cell_s": cell_s})
             for variant, m in evaluation["variants"].items():
                 extra = classifier_s if variant.startswith("ulmfit") else 0.0
                 rows.append(dict(dataset=d.name, budget=budget, seed=seed, variant=variant,
                                  error=m["error_rate"], accuracy=m["accuracy"], macro_f1=m["macro_f1"],
                                  seconds=evaluation["seconds"][variant] + extra, n_labels=prep["n_train"],
-                                 n_test=evaluation["n_test"],
+                                 n_test=evaluation["n_test"], threads=threads,
                                  chosen=evaluation.get("chosen_on_validation", {}).get(variant, ""),
                                  cell_digest=key(d, budget, seed)))
                 mlflow.log_metrics({metric_key(f"{variant}.{k}"): m[k] for k in ("error_rate", "accuracy", "macro_f1")})
         rows.sort(key=lambda r: order.get((r["dataset"], r["budget"], r["seed"]), len(order)))
-        _write_results([{c: r[c] for c in COLUMNS} for r in rows], out_path, suite)
+        _write_results([{c: r.get(c, "") for c in COLUMNS} for r in rows], out_path, suite)
 
     failed: list[str] = []
     with start_pipeline_run(f"benchmark-{Path(suite_path).stem}", base.to_dict(), experiment_id=experiment_id,
@@ -175,7 +176,7 @@ def benchmark_flow(suite_path: str, out: str, budgets: list[str] | None = None, 
             else:
                 failed.append(f"{d.name} budget {budget} seed {seed}: {failure_reason(future.state)}")
                 logger.error(f"cell {failed[-1]}")
-        _write_results([{c: r[c] for c in COLUMNS} for r in rows], out_path, suite)
+        _write_results([{c: r.get(c, "") for c in COLUMNS} for r in rows], out_path, suite)
         write_json(out_path / "summary.json", dict(general_lm=str(general_root), general_lm_digest=general_id,
                                                    cells=len({(r["dataset"], r["budget"], r["seed"]) for r in rows})))
         if (out_path / "results.csv").is_file():

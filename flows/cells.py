@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from prefect import task
@@ -19,11 +20,19 @@ from transfer.config import Params
 from transfer.errors import TransferError
 from transfer.stages import Workspace, run_stage
 
-__all__ = ["LM_PARTS", "DOMAIN_PARTS", "link_parts", "cell_task", "run_cell", "failure_reason"]
+__all__ = ["LM_PARTS", "DOMAIN_PARTS", "CellResult", "link_parts", "cell_task", "run_cell", "failure_reason"]
 
 LM_PARTS = (("artifacts", "tokenize"), ("artifacts", "pretrain"), ("metrics", "tokenize.json"),
             ("metrics", "pretrain.json"))
 DOMAIN_PARTS = (("artifacts", "finetune_lm"), ("metrics", "finetune_lm.json"))
+
+
+class CellResult(NamedTuple):
+    prep: dict  # prepare's metrics
+    evaluation: dict  # evaluate's metrics
+    classifier_s: float
+    cell_s: float
+    threads: int  # torch threads the classifiers trained on: rows agree to the digit only at the same count
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -46,8 +55,7 @@ def link_parts(src_root: Path, dst_root: Path, parts: tuple[tuple[str, str], ...
 
 
 @task(retries=1, retry_delay_seconds=2, retry_condition_fn=transient_only)
-def cell_task(p: Params, ws: Path, dataset_ws: Path, cwd: str, threads: int | None = None,
-              ) -> tuple[dict, dict, float, float]:
+def cell_task(p: Params, ws: Path, dataset_ws: Path, cwd: str, threads: int | None = None) -> CellResult:
     """A cell as a task: on a Dask worker (one task per process) it reads the params' relative data paths from
     `cwd`, as the flow does, and trains on `threads` torch threads (its share of the cores). A cell whose worker
     dies is run again by Dask on another; it resumes from its own checkpoints."""
@@ -57,20 +65,22 @@ def cell_task(p: Params, ws: Path, dataset_ws: Path, cwd: str, threads: int | No
         return run_cell(p, ws, dataset_ws)
 
 
-def run_cell(p: Params, ws: Path, dataset_ws: Path) -> tuple[dict, dict, float, float]:
-    """One budget x seed: its own prepared rows, classifiers and evaluation -> (prepare, evaluate, classifier s,
-    cell s). It reads the shared general and domain LMs through links and writes only under `ws`."""
+def run_cell(p: Params, ws: Path, dataset_ws: Path) -> CellResult:
+    """One budget x seed: its own prepared rows, classifiers and evaluation. It reads the shared general and
+    domain LMs through links and writes only under `ws`."""
     started = time.perf_counter()
     paths = Workspace(ws)
     link_parts(dataset_ws, ws, LM_PARTS + DOMAIN_PARTS)
     prep = run_stage("prepare", p, paths)
     t0 = time.perf_counter()
-    run_stage("train_classifier", p, paths)
+    classifier = run_stage("train_classifier", p, paths)
     classifier_s = time.perf_counter() - t0
     evaluation = run_stage("evaluate", p, paths)
     for ckpt in paths.art("train_classifier").glob("checkpoint-*.pt"):  # the bundle stays; ~50 MB each
         ckpt.unlink()
-    return prep, evaluation, classifier_s, time.perf_counter() - started
+    threads = max((m["torch_threads"] for m in classifier.values() if isinstance(m, dict) and "torch_threads" in m),
+                  default=0)
+    return CellResult(prep, evaluation, classifier_s, time.perf_counter() - started, threads)
 
 
 def failure_reason(state) -> str:

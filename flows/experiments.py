@@ -18,7 +18,7 @@ from pathlib import Path
 import mlflow
 from prefect import flow, get_run_logger
 
-from flows.cells import cell_task, failure_reason, run_cell
+from flows.cells import CellResult, cell_task, failure_reason, run_cell
 from flows.scale import dask_runner, worker_threads
 from flows.ulmfit import ensure_demo_data, run_name, run_stage_tasks
 from tasks.cache import cache_dir, content_digest
@@ -57,6 +57,7 @@ def _read_rows(path: Path) -> list[dict]:
                      **{k: float(r[k]) for k in ("error", "accuracy", "macro_f1")})
             if r["budget"] != "all":
                 int(r["budget"])
+            r.setdefault("threads", "")  # rows written before the column: unknown
         except (KeyError, ValueError):
             return []  # not a sweep CSV of this version: nothing to resume from
     return rows
@@ -106,15 +107,16 @@ def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | 
         lm_cache = ",".join(f"{k}={states[k]['state']}" for k in SHARED if k != "prepare") if todo else ""
         logger.info(f"LM stages: {lm_cache}")
 
-        def record(budget: str, seed: int, result: tuple, seconds: float) -> None:
-            prep, evaluation, _, _ = result
+        def record(budget: str, seed: int, result: CellResult, seconds: float) -> None:
+            prep, evaluation = result.prep, result.evaluation
             # which texts tuned the domain LM: transductive results must say so wherever they go
             lm_texts = "train+valid+test" if prep["domain_include_test"] else "train"
             digest = cell_digest(cell(budget, seed), root_path)
             for variant, m in evaluation["variants"].items():
                 rows.append(dict(variant=variant, budget=budget, n_labels=prep["n_train"], seed=seed,
                                  lm_texts=lm_texts, error=m["error_rate"], accuracy=m["accuracy"],
-                                 macro_f1=m["macro_f1"], lm_cache=lm_cache, params_digest=digest))
+                                 macro_f1=m["macro_f1"], threads=result.threads, lm_cache=lm_cache,
+                                 params_digest=digest))
                 mlflow.log_metric(metric_key(f"{variant}.error.b{budget}"), m["error_rate"], step=seed)
             rows.sort(key=lambda r: order.get((r["budget"], r["seed"]), len(order)))
             write_csv(csv_path, rows)  # after every cell: an interrupted sweep keeps what it finished

@@ -29,7 +29,7 @@ from transfer.model import freeze_to, layer_groups
 from transfer.progress import EpochProgress
 from transfer.schedules import discriminative_lrs, lr_at
 
-__all__ = ["TrainHP", "Phase", "Batches", "StepLoss", "fit", "save_checkpoint", "load_checkpoint"]
+__all__ = ["TrainHP", "Phase", "Batches", "StepLoss", "fit", "training_threads", "save_checkpoint", "load_checkpoint"]
 
 
 class TrainHP(Protocol):
@@ -128,14 +128,18 @@ def fit(model: nn.Module, phases: list[Phase], batches: Batches, steps_in_epoch:
 SMALL_MODEL = 2_000_000  # parameters; below it one CPU thread trains faster than two
 
 
+def training_threads(model: nn.Module) -> int:
+    """The torch threads `fit` trains `model` on. One for small models on CPU: their ops are too short to split,
+    and two threads spin-wait on each other (demo 64/128 LM: 13,900 tok/s on one thread, 3,000-3,200 on two,
+    same machine under load). Recorded with results: float sums differ by thread count, and so do the weights."""
+    small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL and pick_device().type == "cpu"
+    return 1 if small else torch.get_num_threads()
+
+
 @contextlib.contextmanager
 def _threads_for(model: nn.Module) -> Iterator[None]:
-    """One torch thread for small models on CPU: their ops are too short to split, and two threads spin-wait
-    on each other (demo 64/128 LM: 13,900 tok/s on one thread, 3,000-3,200 on two, same machine under load)."""
     before = torch.get_num_threads()
-    small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL and pick_device().type == "cpu"
-    if small:
-        torch.set_num_threads(1)
+    torch.set_num_threads(training_threads(model))
     try:
         yield
     finally:

@@ -19,6 +19,7 @@ from transfer.stages.classifier import Pseudo, fit
 from transfer.stages.record import Stage
 from transfer.stages.self_training import probe_pseudo_labels, select_members
 from transfer.stages.workspace import Workspace
+from transfer.train import training_threads
 
 
 def classify(p: Params, ws: Workspace, only: str | None = None) -> dict:
@@ -63,7 +64,8 @@ def classify(p: Params, ws: Workspace, only: str | None = None) -> dict:
             rows += [dict(direction=name, **row) for row in history]
             steps = steps or log
             metrics[name] = dict(valid_accuracy=history[-1]["valid_accuracy"],
-                                 valid_loss=history[-1]["valid_loss"], train_s=time.perf_counter() - t0)
+                                 valid_loss=history[-1]["valid_loss"], train_s=time.perf_counter() - t0,
+                                 torch_threads=training_threads(model))
         member_probs = {n: Predictor(tok, {n: m}, classes, p.evaluate.batch_size).predict_proba(list(valid["text"]))
                         for n, m in models.items()}
         ensemble, ensemble_acc = select_members(member_probs, y_valid)
