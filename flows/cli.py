@@ -44,10 +44,15 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Show full traceback
 @app.command()
 def run(params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
         promote: bool = typer.Option(True, help="Register the classifier and apply the champion gate."),
-        nproc: int = typer.Option(1, "--nproc", min=1, help="Processes per training stage (data-parallel, torch.distributed; global batch = bs x nproc)."),
-        dask_address: Optional[str] = typer.Option(None, "--dask-address", help="Train each training stage's directions at once on this Dask cluster (tcp://HOST:PORT; default $TRANSFER_DASK_ADDRESS); workers must share this workspace's filesystem."),
-        workers: Optional[int] = typer.Option(None, "--workers", help="Train each training stage's directions at once on a local Dask cluster of N one-thread processes."),
-        lock_timeout: float = typer.Option(0, help="Seconds to wait for another run in this workspace (0: refuse).")) -> None:
+        nproc: int = typer.Option(1, "--nproc", min=1, help="Processes per training stage (data-parallel, "
+                                  "torch.distributed; global batch = bs x nproc)."),
+        dask_address: Optional[str] = typer.Option(
+            None, "--dask-address", help="Train each training stage's directions at once on this Dask cluster "
+            "(tcp://HOST:PORT; default $TRANSFER_DASK_ADDRESS); workers must share this workspace's filesystem."),
+        workers: Optional[int] = typer.Option(None, "--workers", help="Train each training stage's directions at "
+                                              "once on a local Dask cluster of N one-thread processes."),
+        lock_timeout: float = typer.Option(0, help="Seconds to wait for another run in this workspace "
+                                           "(0: refuse).")) -> None:
     """Run the whole pipeline as a Prefect flow (cached stages are skipped), then print a summary."""
     from transfer.config import load_params
 
@@ -123,12 +128,18 @@ def _print_summary(summary: dict) -> None:
 
 
 @app.command()
-def stage(name: str = typer.Argument(..., help="prepare | tokenize | pretrain | finetune_lm | train_classifier | evaluate"),
+def stage(name: str = typer.Argument(..., help="prepare | tokenize | pretrain | finetune_lm | train_classifier | "
+                                     "evaluate"),
           params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
-          nproc: int = typer.Option(1, "--nproc", min=1, help="Worker processes on this machine for a training stage (pretrain, finetune_lm, train_classifier): data-parallel, gloo on CPU, NCCL on GPUs. The global batch is bs x all processes."),
+          nproc: int = typer.Option(
+              1, "--nproc", min=1, help="Worker processes on this machine for a training stage (pretrain, "
+              "finetune_lm, train_classifier): data-parallel, gloo on CPU, NCCL on GPUs. The global batch is bs x "
+              "all processes."),
           nnodes: str = typer.Option("1", help="Machines in the job, N or MIN:MAX; run the same command on each."),
-          rdzv_endpoint: Optional[str] = typer.Option(None, help="HOST:PORT where the machines of a multi-node job meet (torchrun's --rdzv-endpoint)."),
-          rdzv_id: Optional[str] = typer.Option(None, help="Job id, the same on every machine (default: transfer-<stage>)."),
+          rdzv_endpoint: Optional[str] = typer.Option(None, help="HOST:PORT where the machines of a multi-node job "
+                                                      "meet (torchrun's --rdzv-endpoint)."),
+          rdzv_id: Optional[str] = typer.Option(None, help="Job id, the same on every machine (default: "
+                                                "transfer-<stage>)."),
           lock_timeout: float = LockOpt) -> None:
     """Run one stage (what `dvc repro` calls). Reads and writes artifacts/, metrics/ and plots/.
 
@@ -191,7 +202,8 @@ def lr_find(params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
 
 @app.command()
 def predict(texts: list[str] = typer.Argument(..., help="One or more texts to classify."),
-            model: str = typer.Option(None, "--model", "-m", help="MLflow model URI (default: models:/<registry.model_name>@champion) or a bundle folder."),
+            model: str = typer.Option(None, "--model", "-m", help="MLflow model URI (default: "
+                                      "models:/<registry.model_name>@champion) or a bundle folder."),
             params: Path = ParamsOpt) -> None:
     """Print the predicted label and its probability for each text."""
     import pandas as pd
@@ -389,7 +401,8 @@ def data_download(name: str = typer.Argument(..., help="wikitext-103 | imdb"),
 
 
 @experiment_app.command("sample-efficiency")
-def sample_efficiency(budgets: str = typer.Option("100,200,500,1000,all", help="Label budgets, comma-separated; 'all' = every row."),
+def sample_efficiency(budgets: str = typer.Option("100,200,500,1000,all",
+                                                  help="Label budgets, comma-separated; 'all' = every row."),
                       seeds: str = typer.Option("0,1,2", help="Seeds per budget (label draw and classifier init)."),
                       params: Path = ParamsOpt, set_: Optional[list[str]] = SetOpt,
                       resume: bool = typer.Option(False, help="Keep the rows of plots/sample_efficiency.csv whose "
