@@ -114,6 +114,24 @@ def test_vocab_too_small_for_the_alphabet_is_explained(tmp_path: Path) -> None:
         train_tokenizer(corpus(), tmp_path / "spm.model", vocab_size=12)
 
 
+def test_byte_fallback_keeps_characters_the_corpus_never_had_apart(tmp_path: Path) -> None:
+    text = "ka 😡 to 😢"  # two emojis the corpus lacks: one shared UNK without byte fallback
+    plain = train_tokenizer(corpus(), tmp_path / "plain.model", vocab_size=200)
+    (ids,) = plain.encode([text])
+    assert ids.count(UNK_ID) == 2
+    bytes_ = train_tokenizer(corpus(), tmp_path / "bytes.model", vocab_size=400, byte_fallback=True)
+    (ids,) = bytes_.encode([text])
+    assert UNK_ID not in ids and bytes_.decode([ids]) == [text]
+    spelled = [bytes_.pieces()[i] for i in ids]
+    assert "".join(p for p in spelled if p.startswith("<0x")) == "".join(f"<0x{b:02X}>" for b in "😡😢".encode())
+
+
+def test_byte_fallback_counts_its_256_pieces_when_the_vocab_is_too_small(tmp_path: Path) -> None:
+    with pytest.raises(TransferError, match=r"vocab_size=200 is too small: it needs at least \d+ pieces .*256 bytes"):
+        train_tokenizer(corpus(), tmp_path / "spm.model", vocab_size=200, byte_fallback=True)
+    assert not (tmp_path / "spm.model").exists()
+
+
 @pytest.mark.parametrize("docs", [[], ["", "   ", "\n\r\n"]])
 def test_empty_corpus_is_an_error(tmp_path: Path, docs: list[str]) -> None:
     with pytest.raises(TransferError, match="no text"):

@@ -100,7 +100,8 @@ class DataParams:
 class TokenizerParams:
     vocab_size: int = 15000  # SentencePiece pieces, including the 4 special ids
     model_type: str = "unigram"
-    character_coverage: float = 0.9999  # share of characters covered; the rest map to UNK
+    character_coverage: float = 0.9999  # share of characters covered; the rest map to UNK (or bytes, below)
+    byte_fallback: bool = False  # characters outside the vocab as UTF-8 byte pieces, not one shared UNK
     max_sentences: int = 1_000_000  # documents sampled to train SentencePiece (memory bound)
     seed: int = 0
 

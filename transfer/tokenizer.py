@@ -24,13 +24,15 @@ TRAIN_THREADS = 4  # unigram scores depend on the thread count: a fixed default 
 
 def train_tokenizer(docs: Iterable[str], model_path: Path, vocab_size: int = 15000, model_type: str = "unigram",
                     character_coverage: float = 0.9999, seed: int = 0, max_sentences: int = 1_000_000,
-                    num_threads: int = TRAIN_THREADS) -> Tokenizer:
+                    num_threads: int = TRAIN_THREADS, byte_fallback: bool = False) -> Tokenizer:
     """Train a SentencePiece model on `docs` and write it atomically to `model_path`.
 
     Documents are split into lines (sentences). They are spooled to a temporary file rather than held in memory;
     when there are more than `max_sentences` lines, a uniform sample of that many is drawn with `seed`.
     The same documents and arguments (num_threads included: unigram scores depend on it) give a byte-identical
     model file. Raises TransferError for an empty corpus or a vocab_size the corpus cannot fill.
+    `byte_fallback` spells a character the model lacks (an emoji in a Wikipedia-trained model) as its UTF-8
+    bytes, 256 pieces of the vocab, instead of the one <unk> id that every such character shares.
     """
     model_path = Path(model_path)
     if model_type not in MODEL_TYPES:
@@ -49,7 +51,8 @@ def train_tokenizer(docs: Iterable[str], model_path: Path, vocab_size: int = 150
         keep = _sample_mask(n_sentences, max_sentences, seed)
         proto = _train_proto(_read_spool(spool, keep), vocab_size=vocab_size, model_type=model_type,
                              character_coverage=character_coverage, seed=seed, num_threads=num_threads,
-                             n_sentences=int(keep.sum()) if keep is not None else n_sentences)
+                             n_sentences=int(keep.sum()) if keep is not None else n_sentences,
+                             byte_fallback=byte_fallback)
     with atomic_path(model_path) as tmp_model:
         tmp_model.write_bytes(proto)
     return Tokenizer.load(model_path)
@@ -105,7 +108,7 @@ def _read_spool(path: Path, keep: np.ndarray | None) -> Iterator[str]:
 
 
 def _train_proto(sentences: Iterator[str], *, vocab_size: int, model_type: str, character_coverage: float,
-                 seed: int, num_threads: int, n_sentences: int) -> bytes:
+                 seed: int, num_threads: int, n_sentences: int, byte_fallback: bool) -> bytes:
     """Run the SentencePiece trainer on `sentences`; return the serialized model; map its errors to TransferError."""
     spm.set_random_generator_seed(seed)  # unused by unigram/bpe training today; set in case a version samples
     out = io.BytesIO()
@@ -116,13 +119,13 @@ def _train_proto(sentences: Iterator[str], *, vocab_size: int, model_type: str, 
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             input_sentence_size=0,  # we sample ourselves: sentencepiece's own shuffle ignores the seed
             shuffle_input_sentence=False, max_sentence_length=MAX_SENTENCE_BYTES,
-            num_threads=num_threads, minloglevel=2)
+            num_threads=num_threads, byte_fallback=byte_fallback, minloglevel=2)
     except RuntimeError as e:
-        raise TransferError(_explain_training_error(str(e), vocab_size, n_sentences)) from None
+        raise TransferError(_explain_training_error(str(e), vocab_size, n_sentences, byte_fallback)) from None
     return out.getvalue()
 
 
-def _explain_training_error(message: str, vocab_size: int, n_sentences: int) -> str:
+def _explain_training_error(message: str, vocab_size: int, n_sentences: int, byte_fallback: bool) -> str:
     detail = re.sub(r"^\w+: \S+\(\d+\) \[.*?\] ?", "", message).strip()  # drop "INTERNAL: file.cc(744) [check] "
     limit = re.search(r"value <= (\d+)", message)
     if "too high" in message.lower() or limit:
@@ -131,8 +134,9 @@ def _explain_training_error(message: str, vocab_size: int, n_sentences: int) -> 
                 f"use {works} or add more text")
     chars = re.search(r"smaller than required_chars\. \d+ vs (\d+)", message)
     if chars:
-        return (f"tokenizer vocab_size={vocab_size} is too small: the corpus needs {chars.group(1)} single-character "
-                f"pieces plus {EOS_ID + 1} special ones; use a larger vocab_size or a lower character_coverage")
+        return (f"tokenizer vocab_size={vocab_size} is too small: it needs at least {chars.group(1)} pieces (one per "
+                f"character of the corpus, {EOS_ID + 1} special ones" + (", 256 bytes" if byte_fallback else "")
+                + "); use a larger vocab_size or a lower character_coverage")
     return f"sentencepiece could not train the tokenizer ({n_sentences} lines): {detail or message}"
 
 

@@ -30,7 +30,7 @@ def tokenize(p: Params, ws: Workspace) -> dict:
     general = lambda: iter_text_documents(list(d.general), d.encoding, d.general_doc_per)  # noqa: E731
     t0 = time.perf_counter()
     tok = train_tokenizer(general(), ws.art("tokenize", "spm.model"), t.vocab_size, t.model_type,
-                          t.character_coverage, t.seed, t.max_sentences)
+                          t.character_coverage, t.seed, t.max_sentences, byte_fallback=t.byte_fallback)
     t1 = time.perf_counter()
     stream = load_token_stream(encode_stream(tok, general(), ws.art("tokenize", "general.npy")))
     metrics = dict(vocab_size=tok.vocab_size, general_tokens=int(len(stream)), train_s=t1 - t0,
