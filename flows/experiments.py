@@ -32,6 +32,8 @@ from transfer.stages import Workspace, stage_inputs
 
 DEFAULT_BUDGETS = ["100", "200", "500", "1000", "all"]
 SHARED = ("prepare", "tokenize", "pretrain", "finetune_lm")  # run once in the workspace; every cell links them
+COLUMNS = ["variant", "budget", "n_labels", "seed", "lm_texts", "error", "accuracy", "macro_f1", "threads", "lm_cache",
+           "params_digest"]  # threads: torch threads the classifiers trained on ("" in rows from before the column)
 
 
 def _budget_overrides(budget: str, seed: int) -> list[str]:
@@ -57,7 +59,6 @@ def _read_rows(path: Path) -> list[dict]:
                      **{k: float(r[k]) for k in ("error", "accuracy", "macro_f1")})
             if r["budget"] != "all":
                 int(r["budget"])
-            r.setdefault("threads", "")  # rows written before the column: unknown
         except (KeyError, ValueError):
             return []  # not a sweep CSV of this version: nothing to resume from
     return rows
@@ -89,7 +90,7 @@ def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | 
         rows = [r for r in previous if r.get("params_digest") == digests[r["budget"], r["seed"]]]
         logger.info(f"resume: {len({(r['budget'], r['seed']) for r in rows})} cells kept from {csv_path}, "
                     f"{len(previous) - len(rows)} rows of other params or data dropped")
-        write_csv(csv_path, rows)  # without the dropped rows, even if every cell is kept
+        write_csv(csv_path, [{c: r.get(c, "") for c in COLUMNS} for r in rows])  # even if every cell is kept
     done = {(r["budget"], r["seed"]) for r in rows}
     # for `transfer status`: which cell runs, and the wall time a cell takes
     plan = [(b, s) for b in budgets for s in seeds]
@@ -119,7 +120,8 @@ def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | 
                                  params_digest=digest))
                 mlflow.log_metric(metric_key(f"{variant}.error.b{budget}"), m["error_rate"], step=seed)
             rows.sort(key=lambda r: order.get((r["budget"], r["seed"]), len(order)))
-            write_csv(csv_path, rows)  # after every cell: an interrupted sweep keeps what it finished
+            # after every cell: an interrupted sweep keeps what it finished
+            write_csv(csv_path, [{c: r.get(c, "") for c in COLUMNS} for r in rows])
             progress.done(budget, seed, seconds)
 
         pending = []

@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+import torch
 from mlflow import MlflowClient
 from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
 from prefect.testing.utilities import prefect_test_harness
@@ -111,8 +112,10 @@ def test_sample_efficiency_resume_keeps_matching_cells_and_reruns_stale_ones(fir
         run_sample_efficiency(["40", "all"], [0, 1])
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    # mark two cells so the resumed CSV shows what happened to each: (40, 0) keeps its digest, (40, 1) does not
+    # mark two cells so the resumed CSV shows what happened to each: (40, 0) keeps its digest, (40, 1) does not;
+    # and drop the threads column, as a CSV written before it had none
     for r in rows:
+        del r["threads"]
         if r["budget"] == "40":
             r["error"] = "0.987"
             if r["seed"] == "1":
@@ -128,6 +131,9 @@ def test_sample_efficiency_resume_keeps_matching_cells_and_reruns_stale_ones(fir
     assert cells["40", 0] == 0.987, "a cell with the same params and data is not rerun"
     assert cells["40", 1] != 0.987, "a cell whose params digest changed is rerun"
     assert len(path.read_text().splitlines()) == 1 + len(resumed)
+    with open(path, newline="") as f:
+        threads = {(r["budget"], r["seed"]): r["threads"] for r in csv.DictReader(f)}
+    assert threads["40", "0"] == "" and threads["40", "1"] == ("0" if torch.cuda.is_available() else "1")
     progress = json.loads((ws / "metrics" / "sample_efficiency_progress.json").read_text())
     assert progress["kept"] == [["40", 0]] and [(c["budget"], c["seed"]) for c in progress["done"]] == [("40", 1)]
 

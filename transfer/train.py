@@ -129,17 +129,20 @@ SMALL_MODEL = 2_000_000  # parameters; below it one CPU thread trains faster tha
 
 
 def training_threads(model: nn.Module) -> int:
-    """The torch threads `fit` trains `model` on. One for small models on CPU: their ops are too short to split,
-    and two threads spin-wait on each other (demo 64/128 LM: 13,900 tok/s on one thread, 3,000-3,200 on two,
-    same machine under load). Recorded with results: float sums differ by thread count, and so do the weights."""
-    small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL and pick_device().type == "cpu"
-    return 1 if small else torch.get_num_threads()
+    """The torch threads `fit` trains `model` on, 0 on an accelerator. One for small models on CPU: their ops are
+    too short to split, and two threads spin-wait on each other (demo 64/128 LM: 13,900 tok/s on one thread,
+    3,000-3,200 on two, same machine under load). Recorded with results: CPU float sums differ by thread count,
+    and so do the weights."""
+    if pick_device().type != "cpu":
+        return 0
+    return 1 if sum(p.numel() for p in model.parameters()) < SMALL_MODEL else torch.get_num_threads()
 
 
 @contextlib.contextmanager
 def _threads_for(model: nn.Module) -> Iterator[None]:
     before = torch.get_num_threads()
-    torch.set_num_threads(training_threads(model))
+    if training_threads(model) == 1:
+        torch.set_num_threads(1)
     try:
         yield
     finally:
