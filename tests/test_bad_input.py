@@ -216,7 +216,7 @@ CASES = [
     Case("vocab_too_large_for_corpus", ["stage", "tokenize", "-S", "tokenizer.vocab_size=5000"],
          expect=["tokenizer vocab_size=5000 is too large", "use vocab_size <= "], check=vocab_suggestion_works),
     Case("vocab_too_small", ["stage", "tokenize", "-S", "tokenizer.vocab_size=9"],
-         expect=["tokenizer vocab_size=9 is too small", "single-character pieces"]),
+         expect=["tokenizer vocab_size=9 is too small", "pieces (one per character of the corpus"]),
     Case("general_corpus_blank", ["stage", "tokenize"], write_bytes(GENERAL, b"\n  \n\t\n\n"),
          [f"{GENERAL}: no text found"]),
     Case("general_corpus_non_utf8", ["stage", "tokenize"], bad_byte_in_line(GENERAL, 10, b"\xff"),
