@@ -19,7 +19,7 @@ from pathlib import Path
 import mlflow
 from prefect import flow, get_run_logger
 
-from flows.cells import LM_PARTS, cell_task, failure_reason, link_parts, run_cell
+from flows.cells import LM_PARTS, CellResult, cell_task, failure_reason, link_parts, run_cell
 from flows.scale import dask_runner, worker_threads
 from tasks.cache import content_digest
 from tasks.tracking import ensure_experiment, log_figure_png, metric_key, start_pipeline_run
@@ -132,7 +132,7 @@ def benchmark_flow(suite_path: str, out: str, budgets: list[str] | None = None, 
     tags = {"experiment": "benchmark", "suite": str(suite_path), "general_lm": general_id,
             "resumed_cells": str(len(done))}
 
-    def record(d: Dataset, budget: str, seed: int, domain_s: float, result: tuple) -> None:
+    def record(d: Dataset, budget: str, seed: int, domain_s: float, result: CellResult) -> None:
         prep, evaluation, classifier_s, cell_s, threads = result
         with mlflow.start_run(run_name=f"{d.name}-{budget}-s{seed}", nested=True, experiment_id=experiment_id,
                               tags={"dataset": d.name, "budget": budget, "seed": str(seed),
