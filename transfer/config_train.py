@@ -117,8 +117,8 @@ class ClassifierParams(TrainParams):
     min_steps_per_phase: int = 0  # lengthen a phase to at least this many steps (tiny data sets)
     self_train_rounds: int = 0  # label budgets: rounds of retraining on pseudo-labelled unlabelled training texts
     pseudo_label_frac: float = 0.5  # share of the unlabelled texts pseudo-labelled per round, most confident first
-    self_train_teacher: str = "classifier"  # who labels round 1: "classifier" (round 0 fine-tunes on the labelled
-    # rows) or "probe" (logistic regression on the frozen domain LMs' features, self-trained; no round-0 fine-tune)
+    self_train_teacher: str = "classifier"  # who labels round 1: "classifier" (round 0's fine-tuned ensemble) or
+    # "probe" (logistic regression on the frozen domain LMs' features, self-trained); round 0 trains either way
     probe_c: float = 0.003  # the probe's inverse L2 strength, on standardised features
     members: int = 1  # classifiers per direction, member i seeded seed + 1000 * i; the ulmfit variants average them
     class_weights: bool = False  # weight the loss by inverse class frequency (imbalanced classes)

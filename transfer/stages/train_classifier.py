@@ -29,9 +29,10 @@ def classify(p: Params, ws: Workspace, only: str | None = None) -> dict:
     the variance of one fine-tuning run. Self-training (`classifier.self_train_rounds`): after each round the
     members' ensemble labels the budget's unlabelled training texts; the confident share joins the labelled
     rows and every member is retrained from its domain LM. With `self_train_teacher: probe`, a linear probe on
-    the frozen domain LMs labels round 1 and round 0 is skipped. Validation rows guard both choices: rounds go
-    on only while the round's validation accuracy improves (the best round is kept), and the bundle's ensemble
-    holds only the members that do not lower its validation accuracy (`select_members`).
+    the frozen domain LMs labels round 1 instead of round 0's ensemble. Validation rows guard both choices:
+    rounds go on only while the round's validation accuracy improves (the best round is kept, round 0 included),
+    and the bundle's ensemble holds only the members that do not lower its validation accuracy
+    (`select_members`).
 
     only=DIRECTION: train that direction's round-0 members to finished checkpoints and return (`Stage.direction`);
     later rounds need both directions' ensemble, so they stay with the stage.
@@ -45,15 +46,12 @@ def classify(p: Params, ws: Workspace, only: str | None = None) -> dict:
     rounds = hp.self_train_rounds if unlabelled else 0
     pseudo: Pseudo | None = None
     self_training: dict[str, float] = {}
-    first = 1 if rounds and hp.self_train_teacher == "probe" else 0
     if only:
-        for i in range(0 if first else hp.members):
+        for i in range(hp.members):
             _fit_member(p, ws, only, i, 0, code, None)
         return {}
-    if first:
-        pseudo, self_training = probe_pseudo_labels(p, ws, classes, unlabelled)
     best: dict | None = None
-    for r in range(first, rounds + 1):
+    for r in range(rounds + 1):
         states, metrics, rows, steps, models = {}, {}, [], [], {}
         for direction, i in itertools.product(p.model.directions, range(hp.members)):
             t0 = time.perf_counter()
@@ -76,7 +74,10 @@ def classify(p: Params, ws: Workspace, only: str | None = None) -> dict:
         if best is not None and ensemble_acc <= best["valid_accuracy"]:
             break  # self-training stopped helping on the validation rows: keep the best round so far
         best = this
-        if r < rounds:
+        if r == 0 and rounds and hp.self_train_teacher == "probe":
+            pseudo, probe_stats = probe_pseudo_labels(p, ws, classes, unlabelled)
+            self_training.update(probe_stats)
+        elif r < rounds:
             probs = Predictor(tok, {n: models[n] for n in ensemble}, classes,
                               p.evaluate.batch_size).predict_proba(unlabelled)
             idx, labels = select_pseudo_labels(probs, hp.pseudo_label_frac)
