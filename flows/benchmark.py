@@ -29,6 +29,8 @@ from transfer.errors import TransferError
 from transfer.io_utils import atomic_path, file_digest, write_csv, write_json
 from transfer.plots import plot_sample_efficiency
 from transfer.stages import Workspace, run_stage, stage_inputs
+from transfer.stages.published import tokenizer_settings
+from transfer.tokenizer import Tokenizer, check_settings
 
 
 def general_lm(suite: Suite, root: Path, logger) -> tuple[Path, str]:
@@ -39,10 +41,8 @@ def general_lm(suite: Suite, root: Path, logger) -> tuple[Path, str]:
         if not paths.metrics(stage).is_file():
             logger.info(f"general LM: {stage} in {root} (checkpointed; a rerun resumes)")
             run_stage(stage, base, paths)
-    vocab = json.loads(paths.metrics("tokenize").read_text())["vocab_size"]
-    if vocab != base.tokenizer.vocab_size:
-        raise TransferError(f"{root}: its tokenizer has {vocab} pieces but {suite.params} sets "
-                            f"tokenizer.vocab_size: {base.tokenizer.vocab_size}")
+    check_settings(Tokenizer.load(paths.art("tokenize", "spm.model")), tokenizer_settings(base),
+                   f"the general LM in {root}")
     files = [paths.art("tokenize", "spm.model"), *(paths.art("pretrain", f"lm-{d}.pt") for d in base.model.directions)]
     missing = [f for f in files if not f.is_file()]
     if missing:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,11 +38,11 @@ datasets:
 """
 
 
-def _run(ws: Path, *args: str, api: str | None = None) -> subprocess.CompletedProcess:
+def _run(ws: Path, *args: str, api: str | None = None, suite: str = "suite.yaml") -> subprocess.CompletedProcess:
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{ws / 'mlflow.db'}")
     if api:  # a running Prefect server: no temporary one per command
         env["PREFECT_API_URL"] = api
-    return subprocess.run([TRANSFER, "benchmark", "--suite", "suite.yaml", "--out", "out", *args], cwd=ws,
+    return subprocess.run([TRANSFER, "benchmark", "--suite", suite, "--out", "out", *args], cwd=ws,
                           capture_output=True, text=True, env=env, timeout=900)
 
 
@@ -95,6 +96,13 @@ def test_a_suite_shares_one_general_lm_and_resumes(tmp_path, prefect_api):
     with open(out / "results.csv", newline="") as f:
         assert list(csv.DictReader(f)) == rows
     assert (out / "work" / "demo" / "cells" / "40-s0" / "metrics" / "evaluate.json").stat().st_mtime_ns == stamp
+
+    # a suite whose tokenizer is not the one the general LM in OUT was built with: one error naming the key
+    (ws / "other.yaml").write_text(SUITE.replace('["model.directions=[fwd]"',
+                                                 '["model.directions=[fwd]", "tokenizer.byte_fallback=true"'))
+    other = _run(ws, "--resume", api=prefect_api, suite="other.yaml")
+    assert other.returncode != 0 and "Traceback" not in other.stderr
+    assert re.search(r"tokenizer.byte_fallback is true but the general LM in \S*out/general \(", other.stderr)
 
     # the same suite on a real Dask cluster (a scheduler and two one-thread workers), one worker killed mid-cell:
     # every cell still ends done, with the sequential run's rows to the last digit (wall time aside)

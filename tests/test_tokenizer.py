@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from transfer.errors import TransferError
-from transfer.tokenizer import BOS_ID, EOS_ID, MAX_SENTENCE_BYTES, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
+from transfer.tokenizer import (BOS_ID, EOS_ID, MAX_SENTENCE_BYTES, PAD_ID, UNK_ID, Tokenizer, check_settings,
+                                train_tokenizer)
 
 REPO = Path(__file__).resolve().parents[1]
 SYLLABLES = "ka to ri mu se na lo pe vi du ha ze bo ly qui gra ston wel fen dar".split()
@@ -130,6 +131,19 @@ def test_byte_fallback_counts_its_256_pieces_when_the_vocab_is_too_small(tmp_pat
     with pytest.raises(TransferError, match=r"vocab_size=200 is too small: it needs at least \d+ pieces .*256 bytes"):
         train_tokenizer(corpus(), tmp_path / "spm.model", vocab_size=200, byte_fallback=True)
     assert not (tmp_path / "spm.model").exists()
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_a_model_file_says_how_it_was_trained(tmp_path: Path, model_type: str) -> None:
+    tok = train_tokenizer(corpus(), tmp_path / "spm.model", vocab_size=400, model_type=model_type,
+                          character_coverage=0.9995, byte_fallback=True)
+    want = dict(vocab_size=400, model_type=model_type, character_coverage=0.9995, byte_fallback=True)
+    assert Tokenizer.load(tok.path).settings() == want
+    check_settings(tok, want, "this one")  # agrees: nothing raised
+    other = "bpe" if model_type == "unigram" else "unigram"
+    with pytest.raises(TransferError, match=f"tokenizer.model_type is {other} but the reused one .* was trained "
+                                            f"with {model_type}: set tokenizer.model_type: {model_type}"):
+        check_settings(tok, dict(want, model_type=other), "the reused one")
 
 
 @pytest.mark.parametrize("docs", [[], ["", "   ", "\n\r\n"]])

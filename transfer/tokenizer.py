@@ -14,7 +14,7 @@ import sentencepiece as spm
 from transfer.errors import TransferError
 from transfer.io_utils import atomic_path
 
-__all__ = ["PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "MODEL_TYPES", "train_tokenizer", "Tokenizer"]
+__all__ = ["PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "MODEL_TYPES", "train_tokenizer", "Tokenizer", "check_settings"]
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 MODEL_TYPES = ("unigram", "bpe")
@@ -56,6 +56,18 @@ def train_tokenizer(docs: Iterable[str], model_path: Path, vocab_size: int = 150
     with atomic_path(model_path) as tmp_model:
         tmp_model.write_bytes(proto)
     return Tokenizer.load(model_path)
+
+
+def check_settings(tok: Tokenizer, want: dict, whose: str) -> None:
+    """Raise TransferError naming the first `tokenizer.*` key whose value `want`s other than the model was trained
+    with: a reused tokenizer (a published LM's, a benchmark's general LM) must be the one the params describe."""
+    have = tok.settings()
+    for key, value in want.items():
+        if key in have and (have[key] != value if not isinstance(value, float) else abs(have[key] - value) > 1e-6):
+            show = lambda v: str(v).lower() if isinstance(v, bool) else v  # noqa: E731  (as YAML writes it)
+            raise TransferError(f"tokenizer.{key} is {show(value)} but {whose} ({tok.path}) was trained with "
+                                f"{show(have[key])}: set tokenizer.{key}: {show(have[key])}, or train a tokenizer "
+                                f"with these params")
 
 
 def _spool_sentences(docs: Iterable[str], path: Path) -> int:
@@ -164,6 +176,17 @@ class Tokenizer:
             raise TransferError(f"{path}: special ids pad/unk/bos/eos are {ids}, expected "
                                 f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; retrain it with transfer.tokenizer")
         return cls(sp, path)
+
+    def settings(self) -> dict:
+        """What the model was trained with, under the `tokenizer.*` names of the params it is checked against."""
+        from sentencepiece import sentencepiece_model_pb2 as pb
+
+        proto = pb.ModelProto()
+        proto.ParseFromString(self._sp.serialized_model_proto())
+        spec = proto.trainer_spec
+        return dict(vocab_size=self.vocab_size, model_type=pb.TrainerSpec.ModelType.Name(spec.model_type).lower(),
+                    character_coverage=round(spec.character_coverage, 6),  # stored as float32
+                    byte_fallback=bool(spec.byte_fallback))
 
     def pieces(self) -> list[str]:
         """The piece string of every id, in id order."""

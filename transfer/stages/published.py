@@ -14,8 +14,9 @@ from pathlib import Path
 from transfer.config import Params
 from transfer.errors import TransferError
 from transfer.io_utils import atomic_path
+from transfer.tokenizer import Tokenizer, check_settings
 
-__all__ = ["MANIFEST", "read_manifest", "published_deps", "copy_file"]
+__all__ = ["MANIFEST", "read_manifest", "tokenizer_settings", "published_deps", "copy_file"]
 
 MANIFEST = "lm.json"
 
@@ -39,11 +40,19 @@ def read_manifest(p: Params) -> tuple[Path, dict]:
         if have[key] != value:
             raise TransferError(f"{key} is {value} but the published LM in {folder} has {have[key]}: set {key}: "
                                 f"{have[key]}, or publish an LM of this size")
+    check_settings(Tokenizer.load(folder / "spm.model"), tokenizer_settings(p), f"the published LM in {folder}")
     missing = [d for d in p.model.directions if not (folder / f"lm-{d}.pt").is_file()]
     if missing:
         raise TransferError(f"model.directions includes {missing[0]!r} but the published LM in {folder} has only "
                             f"{', '.join(lm.get('directions', []))}")
     return folder, lm
+
+
+def tokenizer_settings(p: Params) -> dict:
+    """The `tokenizer.*` params a reused tokenizer must have been trained with (seed and sample size aside)."""
+    t = p.tokenizer
+    return dict(vocab_size=t.vocab_size, model_type=t.model_type, character_coverage=t.character_coverage,
+                byte_fallback=t.byte_fallback)
 
 
 def published_deps(p: Params) -> list[Path]:
