@@ -41,12 +41,12 @@ def general_lm(suite: Suite, root: Path, logger) -> tuple[Path, str]:
         if not paths.metrics(stage).is_file():
             logger.info(f"general LM: {stage} in {root} (checkpointed; a rerun resumes)")
             run_stage(stage, base, paths)
-    check_settings(Tokenizer.load(paths.art("tokenize", "spm.model")), tokenizer_settings(base),
-                   f"the general LM in {root}")
     files = [paths.art("tokenize", "spm.model"), *(paths.art("pretrain", f"lm-{d}.pt") for d in base.model.directions)]
     missing = [f for f in files if not f.is_file()]
     if missing:
         raise TransferError(f"{missing[0]}: missing; the general LM in {root} has no such direction")
+    check_settings(Tokenizer.load(files[0]), tokenizer_settings(base), f"the general LM in {root}",
+                   "pass another --out (or --general-lm) to build one with these params")
     return root, hashlib.sha256("".join(file_digest(f) for f in files).encode()).hexdigest()[:16]
 
 

@@ -102,7 +102,8 @@ def test_a_suite_shares_one_general_lm_and_resumes(tmp_path, prefect_api):
                                                  '["model.directions=[fwd]", "tokenizer.byte_fallback=true"'))
     other = _run(ws, "--resume", api=prefect_api, suite="other.yaml")
     assert other.returncode != 0 and "Traceback" not in other.stderr
-    assert re.search(r"tokenizer.byte_fallback is true but the general LM in \S*out/general \(", other.stderr)
+    assert re.search(r"tokenizer.byte_fallback is true but the tokenizer of the general LM in \S*out/general \(.*pass another "
+                     r"--out", other.stderr)
 
     # the same suite on a real Dask cluster (a scheduler and two one-thread workers), one worker killed mid-cell:
     # every cell still ends done, with the sequential run's rows to the last digit (wall time aside)

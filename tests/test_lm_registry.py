@@ -58,7 +58,8 @@ def test_a_published_lm_starts_another_workspace_without_pretraining(tmp_path, m
     with pytest.raises(TransferError, match="tokenizer.vocab_size is 300 but the published LM"):
         _stages(c, ["pretrain.from_lm=models:/general-lm/latest", "tokenizer.vocab_size=300"], "tokenize")
     # the same size but another tokenizer: the model file says how it was trained
-    with pytest.raises(TransferError, match="tokenizer.byte_fallback is true but the published LM .* was trained "
-                                            "with false: set tokenizer.byte_fallback: false"):
+    with pytest.raises(TransferError, match="tokenizer.byte_fallback is true but the tokenizer of the published "
+                                            "LM .* was trained with false: set tokenizer.byte_fallback: false, "
+                                            "or publish"):
         _stages(c, ["pretrain.from_lm=models:/general-lm/latest", "tokenizer.byte_fallback=true"], "tokenize")
     assert not (c / "artifacts" / "tokenize").exists()  # refused before anything was written

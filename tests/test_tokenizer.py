@@ -139,11 +139,12 @@ def test_a_model_file_says_how_it_was_trained(tmp_path: Path, model_type: str) -
                           character_coverage=0.9995, byte_fallback=True)
     want = dict(vocab_size=400, model_type=model_type, character_coverage=0.9995, byte_fallback=True)
     assert Tokenizer.load(tok.path).settings() == want
-    check_settings(tok, want, "this one")  # agrees: nothing raised
+    check_settings(tok, want, "this one", "retrain it")  # agrees: nothing raised
     other = "bpe" if model_type == "unigram" else "unigram"
-    with pytest.raises(TransferError, match=f"tokenizer.model_type is {other} but the reused one .* was trained "
-                                            f"with {model_type}: set tokenizer.model_type: {model_type}"):
-        check_settings(tok, dict(want, model_type=other), "the reused one")
+    with pytest.raises(TransferError, match=f"tokenizer.model_type is {other} but the tokenizer of the reused "
+                                            f"LM .* was trained with {model_type}: set tokenizer.model_type: "
+                                            f"{model_type}, or retrain it"):
+        check_settings(tok, dict(want, model_type=other), "the reused LM", "retrain it")
 
 
 @pytest.mark.parametrize("docs", [[], ["", "   ", "\n\r\n"]])

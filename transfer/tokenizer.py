@@ -58,16 +58,16 @@ def train_tokenizer(docs: Iterable[str], model_path: Path, vocab_size: int = 150
     return Tokenizer.load(model_path)
 
 
-def check_settings(tok: Tokenizer, want: dict, whose: str) -> None:
+def check_settings(tok: Tokenizer, want: dict, whose: str, remedy: str) -> None:
     """Raise TransferError naming the first `tokenizer.*` key whose value `want`s other than the model was trained
-    with: a reused tokenizer (a published LM's, a benchmark's general LM) must be the one the params describe."""
+    with: a reused tokenizer (a published LM's, a benchmark's general LM) must be the one the params describe.
+    `whose` names the tokenizer's owner, `remedy` the other way out besides setting the key."""
     have = tok.settings()
     for key, value in want.items():
         if key in have and (have[key] != value if not isinstance(value, float) else abs(have[key] - value) > 1e-6):
             show = lambda v: str(v).lower() if isinstance(v, bool) else v  # noqa: E731  (as YAML writes it)
-            raise TransferError(f"tokenizer.{key} is {show(value)} but {whose} ({tok.path}) was trained with "
-                                f"{show(have[key])}: set tokenizer.{key}: {show(have[key])}, or train a tokenizer "
-                                f"with these params")
+            raise TransferError(f"tokenizer.{key} is {show(value)} but the tokenizer of {whose} ({tok.path}) was "
+                                f"trained with {show(have[key])}: set tokenizer.{key}: {show(have[key])}, or {remedy}")
 
 
 def _spool_sentences(docs: Iterable[str], path: Path) -> int:

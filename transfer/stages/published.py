@@ -40,7 +40,8 @@ def read_manifest(p: Params) -> tuple[Path, dict]:
         if have[key] != value:
             raise TransferError(f"{key} is {value} but the published LM in {folder} has {have[key]}: set {key}: "
                                 f"{have[key]}, or publish an LM of this size")
-    check_settings(Tokenizer.load(folder / "spm.model"), tokenizer_settings(p), f"the published LM in {folder}")
+    check_settings(Tokenizer.load(folder / "spm.model"), tokenizer_settings(p), "the published LM",
+                   "publish an LM trained with these params")
     missing = [d for d in p.model.directions if not (folder / f"lm-{d}.pt").is_file()]
     if missing:
         raise TransferError(f"model.directions includes {missing[0]!r} but the published LM in {folder} has only "
