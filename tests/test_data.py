@@ -85,10 +85,14 @@ def test_max_tokens_caps_an_epoch():
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(1, 500), min_size=1, max_size=400), st.integers(1, 16), st.integers(0, 5))
 def test_sortish_sampler_yields_each_index_exactly_once(lengths, bs, seed):
-    batches = SortishSampler(np.array(lengths), bs, seed).batches(epoch=1)
+    sampler = SortishSampler(np.array(lengths), bs, seed)
+    batches = sampler.batches(epoch=1)
     idx = np.concatenate(batches)
     assert sorted(idx.tolist()) == list(range(len(lengths)))
-    assert all(len(b) <= bs for b in batches)
+    assert len(batches) == len(sampler)
+    # at most bs rows, bs + 1 where a last row would otherwise train alone (BatchNorm needs two)
+    assert all(len(b) <= bs + 1 for b in batches) and sum(len(b) > bs for b in batches) <= 1
+    assert len(lengths) == 1 or bs == 1 or all(len(b) > 1 for b in batches)
     assert max(lengths[i] for i in batches[0]) == max(lengths), "largest batch first"
 
 

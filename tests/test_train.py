@@ -141,6 +141,15 @@ def test_unfreeze_lr_mult_scales_each_phase_schedule():
     assert [p.lr_mult for p in unfreezing_phases(5, [1, 1], 6, lr_mults=[2.0, 0.1])] == [2.0, 0.1]
 
 
+def test_a_training_set_one_row_over_whole_batches_trains():
+    (dtr, ytr) = topic_docs(33, 0)  # 2 batches of 16 and 1 row: alone, that row would fail the head's BatchNorm
+    loader = ClassificationLoader(dtr, ytr, 16, train=True)
+    assert len(loader) == 2 and sorted(len(b) for b in loader.order(0)) == [16, 17]
+    history = train_classifier(small_classifier(), loader, None, replace(CLAS_HP, unfreeze_epochs=[1]),
+                               progress=False)
+    assert len(history) == 1 and math.isfinite(history[0]["train_loss"])
+
+
 def _lm_run(tmp_path, stop_after=None, name="ck.pt"):
     train, valid = markov_stream(4_000), markov_stream(600, 1)
     model = small_lm()

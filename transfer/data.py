@@ -170,7 +170,7 @@ class SortishSampler:
         chunk = self.bs * 50
         idx = np.concatenate([c[np.argsort(-self.lengths[c], kind="stable")]
                               for c in np.split(idx, range(chunk, len(idx), chunk))])
-        batches = np.split(idx, range(self.bs, len(idx), self.bs))
+        batches = _cut(idx, self.bs)
         first = int(np.argmax([self.lengths[b].max() for b in batches]))
         batches[0], batches[first] = batches[first], batches[0]
         rest = batches[1:]
@@ -178,13 +178,27 @@ class SortishSampler:
         return [batches[0]] + [rest[i] for i in order]
 
     def __len__(self) -> int:
-        return math.ceil(len(self.lengths) / self.bs)
+        return n_batches(len(self.lengths), self.bs)
+
+
+def _cut(idx: np.ndarray, bs: int) -> list[np.ndarray]:
+    """`idx` in batches of `bs`; a last batch of one row joins the one before it (bs + 1 rows), because the
+    classifier head's BatchNorm cannot train or recalibrate on a single row (100 labels + 1,901 pseudo-labels
+    at bs 10 is such a count)."""
+    batches = np.split(idx, range(bs, len(idx), bs))
+    if bs > 1 and len(batches) > 1 and len(batches[-1]) == 1:
+        batches[-2:] = [np.concatenate(batches[-2:])]
+    return batches
+
+
+def n_batches(n: int, bs: int) -> int:
+    """How many batches `_cut` makes of n rows."""
+    return math.ceil(n / bs) - (bs > 1 and n > bs and n % bs == 1)
 
 
 def sorted_batches(lengths: np.ndarray, bs: int) -> list[np.ndarray]:
     """Evaluation order: longest first, so each batch pads little."""
-    idx = np.argsort(-np.asarray(lengths), kind="stable")
-    return np.split(idx, range(bs, len(idx), bs))
+    return _cut(np.argsort(-np.asarray(lengths), kind="stable"), bs)
 
 
 def pad_batch(seqs: list[np.ndarray], pad_id: int = 0, backwards: bool = False,
@@ -210,7 +224,7 @@ class ClassificationLoader:
         return self.sampler.batches(epoch) if self.train else sorted_batches(self.docs.lengths, self.bs)
 
     def __len__(self) -> int:
-        return math.ceil(len(self.docs) / self.bs)
+        return n_batches(len(self.docs), self.bs)
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]]:
         """Yield (x, lengths, y, indices); y is empty when there are no labels."""
