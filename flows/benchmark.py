@@ -22,7 +22,7 @@ from prefect import flow, get_run_logger
 from flows.cells import LM_PARTS, CellResult, cell_task, failure_reason, link_parts, run_cell
 from flows.scale import dask_runner, worker_threads
 from tasks.cache import content_digest
-from tasks.tracking import ensure_experiment, log_figure_png, metric_key, start_pipeline_run
+from tasks.tracking import code_version, ensure_experiment, log_figure_png, metric_key, start_pipeline_run
 from transfer.benchmark import COLUMNS, Dataset, Suite, cell_key, cell_overrides, load_suite, markdown_table
 from transfer.config import Params, load_params
 from transfer.errors import TransferError
@@ -131,6 +131,7 @@ def benchmark_flow(suite_path: str, out: str, budgets: list[str] | None = None, 
     experiment_id = ensure_experiment(base.mlflow.experiment, Path(base.mlflow.artifact_location).resolve())
     tags = {"experiment": "benchmark", "suite": str(suite_path), "general_lm": general_id,
             "resumed_cells": str(len(done))}
+    commit = code_version()
 
     def record(d: Dataset, budget: str, seed: int, domain_s: float, result: CellResult) -> None:
         prep, evaluation, classifier_s, cell_s, threads = result
@@ -145,7 +146,7 @@ def benchmark_flow(suite_path: str, out: str, budgets: list[str] | None = None, 
                                  seconds=evaluation["seconds"][variant] + extra, n_labels=prep["n_train"],
                                  n_test=evaluation["n_test"], threads=threads,
                                  chosen=evaluation.get("chosen_on_validation", {}).get(variant, ""),
-                                 cell_digest=key(d, budget, seed)))
+                                 cell_digest=key(d, budget, seed), commit=commit))
                 mlflow.log_metrics({metric_key(f"{variant}.{k}"): m[k] for k in ("error_rate", "accuracy", "macro_f1")})
         rows.sort(key=lambda r: order.get((r["dataset"], r["budget"], r["seed"]), len(order)))
         _write_results([{c: r.get(c, "") for c in COLUMNS} for r in rows], out_path, suite)

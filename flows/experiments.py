@@ -22,7 +22,7 @@ from flows.cells import CellResult, cell_task, failure_reason, run_cell
 from flows.scale import dask_runner, worker_threads
 from flows.ulmfit import ensure_demo_data, run_name, run_stage_tasks
 from tasks.cache import cache_dir, content_digest
-from tasks.tracking import ensure_experiment, log_figure_png, metric_key, start_pipeline_run
+from tasks.tracking import code_version, ensure_experiment, log_figure_png, metric_key, start_pipeline_run
 from transfer.config import Params, load_params
 from transfer.errors import TransferError
 from transfer.io_utils import write_csv, write_json
@@ -33,7 +33,8 @@ from transfer.stages import Workspace, stage_inputs
 DEFAULT_BUDGETS = ["100", "200", "500", "1000", "all"]
 SHARED = ("prepare", "tokenize", "pretrain", "finetune_lm")  # run once in the workspace; every cell links them
 COLUMNS = ["variant", "budget", "n_labels", "seed", "lm_texts", "error", "accuracy", "macro_f1", "threads", "lm_cache",
-           "params_digest"]  # threads: torch threads the classifiers trained on ("" in rows from before the column)
+           "params_digest", "commit"]  # threads: torch threads the classifiers trained on; commit: the code that
+# made the row ("" in rows from before either column)
 
 
 def _budget_overrides(budget: str, seed: int) -> list[str]:
@@ -107,6 +108,7 @@ def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | 
         _, states = run_stage_tasks(base, paths, log_to_mlflow=False, stages=SHARED) if todo else ({}, {})
         lm_cache = ",".join(f"{k}={states[k]['state']}" for k in SHARED if k != "prepare") if todo else ""
         logger.info(f"LM stages: {lm_cache}")
+        commit = code_version()
 
         def record(budget: str, seed: int, result: CellResult, seconds: float) -> None:
             prep, evaluation = result.prep, result.evaluation
@@ -117,7 +119,7 @@ def sample_efficiency_flow(budgets: list[str] | None = None, seeds: list[int] | 
                 rows.append(dict(variant=variant, budget=budget, n_labels=prep["n_train"], seed=seed,
                                  lm_texts=lm_texts, error=m["error_rate"], accuracy=m["accuracy"],
                                  macro_f1=m["macro_f1"], threads=result.threads, lm_cache=lm_cache,
-                                 params_digest=digest))
+                                 params_digest=digest, commit=commit))
                 mlflow.log_metric(metric_key(f"{variant}.error.b{budget}"), m["error_rate"], step=seed)
             rows.sort(key=lambda r: order.get((r["budget"], r["seed"]), len(order)))
             # after every cell: an interrupted sweep keeps what it finished

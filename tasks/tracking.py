@@ -190,6 +190,15 @@ def git_tags(cwd: str | Path | None = None) -> dict[str, str]:
     return {GIT_COMMIT_TAG: commit, "git.dirty": str(dirty).lower()}
 
 
+def code_version() -> str:
+    """The commit of the code that runs ("+dirty" with uncommitted changes to tracked files); "" outside git.
+    Result rows carry it: `--resume` keeps a row whose params, data and LM match, whatever code made it."""
+    tags = git_tags(Path(__file__).resolve().parent)
+    if not tags:
+        return ""
+    return tags[GIT_COMMIT_TAG][:12] + ("+dirty" if tags["git.dirty"] == "true" else "")
+
+
 def _log_params(run_id: str, params: Mapping[str, Any] | Any) -> None:
     flat = loggable_params(params)
     if flat:

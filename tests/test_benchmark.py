@@ -17,6 +17,7 @@ import torch
 from mlflow import MlflowClient
 
 from tests.conftest import make_workspace
+from tasks.tracking import code_version
 from tests.processes import BIN, clean_env, free_port, start, stop
 from transfer.benchmark import load_suite, markdown_table
 from transfer.errors import TransferError
@@ -65,6 +66,7 @@ def test_a_suite_shares_one_general_lm_and_resumes(tmp_path, prefect_api):
     assert all(r["chosen"] in ("average", "ulmfit", "tfidf") for r in rows if r["variant"] == "ulmfit+tfidf")
     # tiny classifiers train on one CPU thread, in order or on Dask (0: on an accelerator)
     assert {r["threads"] for r in rows} == {"0" if torch.cuda.is_available() else "1"}
+    assert {r["commit"] for r in rows} == {code_version()}  # the code that made every row
 
     # one general LM, built once; every dataset and cell links it, and a dataset's cells share its domain LM
     general = out / "general" / "artifacts" / "pretrain" / "lm-fwd.pt"

@@ -12,6 +12,7 @@ from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, t
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.ulmfit import run_pipeline
+from tasks.tracking import code_version
 from tests.conftest import make_workspace
 
 pytestmark = pytest.mark.slow
@@ -113,9 +114,9 @@ def test_sample_efficiency_resume_keeps_matching_cells_and_reruns_stale_ones(fir
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     # mark two cells so the resumed CSV shows what happened to each: (40, 0) keeps its digest, (40, 1) does not;
-    # and drop the threads column, as a CSV written before it had none
+    # and drop the threads and commit columns, as a CSV written before them had none
     for r in rows:
-        del r["threads"]
+        del r["threads"], r["commit"]
         if r["budget"] == "40":
             r["error"] = "0.987"
             if r["seed"] == "1":
@@ -132,8 +133,10 @@ def test_sample_efficiency_resume_keeps_matching_cells_and_reruns_stale_ones(fir
     assert cells["40", 1] != 0.987, "a cell whose params digest changed is rerun"
     assert len(path.read_text().splitlines()) == 1 + len(resumed)
     with open(path, newline="") as f:
-        threads = {(r["budget"], r["seed"]): r["threads"] for r in csv.DictReader(f)}
-    assert threads["40", "0"] == "" and threads["40", "1"] == ("0" if torch.cuda.is_available() else "1")
+        now = {(r["budget"], r["seed"]): r for r in csv.DictReader(f)}
+    assert now["40", "0"]["threads"] == "" and now["40", "1"]["threads"] == ("0" if torch.cuda.is_available() else "1")
+    # a rerun row names the code that made it; a kept row from before the column stays blank
+    assert now["40", "0"]["commit"] == "" and now["40", "1"]["commit"] == code_version() != ""
     progress = json.loads((ws / "metrics" / "sample_efficiency_progress.json").read_text())
     assert progress["kept"] == [["40", 0]] and [(c["budget"], c["seed"]) for c in progress["done"]] == [("40", 1)]
 

@@ -21,7 +21,8 @@ from transfer.errors import TransferError
 __all__ = ["Dataset", "Suite", "load_suite", "cell_overrides", "cell_key", "markdown_table", "COLUMNS"]
 
 COLUMNS = ["dataset", "budget", "seed", "variant", "error", "accuracy", "macro_f1", "seconds", "n_labels", "n_test",
-           "threads", "chosen", "cell_digest"]  # threads: torch threads the classifiers trained on
+           "threads", "chosen", "cell_digest", "commit"]  # threads: torch threads the classifiers trained on;
+# commit: the code that made the row ("" in rows from before the column)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a dataset's name is a folder name
 
 
