@@ -190,13 +190,22 @@ def git_tags(cwd: str | Path | None = None) -> dict[str, str]:
     return {GIT_COMMIT_TAG: commit, "git.dirty": str(dirty).lower()}
 
 
+CODE = ("transfer", "tasks", "flows", "pyproject.toml", "constraints.txt")  # what `code_version` calls dirty
+
+
 def code_version() -> str:
-    """The commit of the code that runs ("+dirty" with uncommitted changes to tracked files); "" outside git.
-    Result rows carry it: `--resume` keeps a row whose params, data and LM match, whatever code made it."""
-    tags = git_tags(Path(__file__).resolve().parent)
-    if not tags:
+    """The commit of the code that runs ("+dirty" with changed or new files under CODE; data, docs and params
+    do not count); "" outside git. Result rows carry it: `--resume` keeps a row whose params, data and LM
+    match, whatever code made it."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", *CODE], cwd=root, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
         return ""
-    return tags[GIT_COMMIT_TAG][:12] + ("+dirty" if tags["git.dirty"] == "true" else "")
+    return commit[:12] + ("+dirty" if dirty else "")
 
 
 def _log_params(run_id: str, params: Mapping[str, Any] | Any) -> None:

@@ -161,6 +161,8 @@ def test_a_single_string_is_accepted_for_a_list_of_strings(tmp_path):
         ("classifier.unfreeze_lr_mult=[1, 1, 0, 1]", "classifier.unfreeze_lr_mult must be positive"),
         ("classifier.self_train_teacher=oracle", "classifier.self_train_teacher must be 'classifier' or 'probe'"),
         ("classifier.probe_c=0", "classifier.probe_c must be > 0"),
+        ("classifier.bs=1", "classifier.bs must be >= 2 (BatchNorm needs two rows), got 1"),
+        ("classifier.min_bs=1", "classifier.min_bs must be >= 2 (BatchNorm needs two rows)"),
         ("schedule.cron=nightly", "schedule.cron must have five fields"),
         ("registry.min_accuracy=1.5", "registry.min_accuracy must be in [0, 1]"),
     ],
