@@ -177,17 +177,20 @@ def loggable_params(params: Mapping[str, Any] | Any) -> dict[str, Any]:
     return {k: v for k, v in flat.items() if not any(_SECRET.search(part.lower()) for part in k.split("."))}
 
 
+def _git(cwd: str | Path | None, *args: str) -> str | None:
+    """git's output at `cwd`, or None outside a repo (or without git)."""
+    try:
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def git_tags(cwd: str | Path | None = None) -> dict[str, str]:
     """{"mlflow.source.git.commit": HEAD, "git.dirty": "true"/"false"} for the repo at `cwd`; {} outside one."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no") != ""
-    except (OSError, subprocess.CalledProcessError):
+    commit, status = _git(cwd, "rev-parse", "HEAD"), _git(cwd, "status", "--porcelain", "--untracked-files=no")
+    if commit is None or status is None:
         return {}
-    return {GIT_COMMIT_TAG: commit, "git.dirty": str(dirty).lower()}
+    return {GIT_COMMIT_TAG: commit, "git.dirty": str(status != "").lower()}
 
 
 CODE = ("transfer", "tasks", "flows", "pyproject.toml", "constraints.txt")  # what `code_version` calls dirty
@@ -198,14 +201,10 @@ def code_version() -> str:
     do not count); "" outside git. Result rows carry it: `--resume` keeps a row whose params, data and LM
     match, whatever code made it."""
     root = Path(__file__).resolve().parents[1]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", *CODE], cwd=root, capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+    commit, status = _git(root, "rev-parse", "HEAD"), _git(root, "status", "--porcelain", "--", *CODE)
+    if commit is None or status is None:
         return ""
-    return commit[:12] + ("+dirty" if dirty else "")
+    return commit[:12] + ("+dirty" if status else "")
 
 
 def _log_params(run_id: str, params: Mapping[str, Any] | Any) -> None:

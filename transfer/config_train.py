@@ -130,8 +130,8 @@ class ClassifierParams(TrainParams):
         _at_least(self.max_len, "max_len", 1)
         _at_least(self.self_train_rounds, "self_train_rounds", 0)
         _at_least(self.members, "members", 1)
-        for key in ("bs", "min_bs"):  # the head's BatchNorm cannot train on a batch of one row
-            _require(getattr(self, key) >= 2, key, f"must be >= 2 (BatchNorm needs two rows), got {getattr(self, key)!r}")
+        for key, value in (("bs", self.bs), ("min_bs", self.min_bs)):  # the head's BatchNorm trains on >= 2 rows
+            _require(value >= 2, key, f"must be >= 2 (BatchNorm needs two rows), got {value!r}")
         _require(0 < self.pseudo_label_frac <= 1, "pseudo_label_frac",
                  f"must be in (0, 1], got {self.pseudo_label_frac!r}")
         _require(self.self_train_teacher in ("classifier", "probe"), "self_train_teacher",

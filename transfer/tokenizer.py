@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import re
 import tempfile
 from pathlib import Path
@@ -63,9 +64,10 @@ def check_settings(tok: Tokenizer, want: dict, whose: str, remedy: str) -> None:
     with: a reused tokenizer (a published LM's, a benchmark's general LM) must be the one the params describe.
     `whose` names the tokenizer's owner, `remedy` the other way out besides setting the key."""
     have = tok.settings()
+    show = lambda v: str(v).lower() if isinstance(v, bool) else v  # noqa: E731  (as YAML writes it)
     for key, value in want.items():
-        if key in have and (have[key] != value if not isinstance(value, float) else abs(have[key] - value) > 1e-6):
-            show = lambda v: str(v).lower() if isinstance(v, bool) else v  # noqa: E731  (as YAML writes it)
+        same = math.isclose(have[key], value, abs_tol=1e-6) if isinstance(value, float) else have[key] == value
+        if not same:
             raise TransferError(f"tokenizer.{key} is {show(value)} but the tokenizer of {whose} ({tok.path}) was "
                                 f"trained with {show(have[key])}: set tokenizer.{key}: {show(have[key])}, or {remedy}")
 
