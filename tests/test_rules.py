@@ -46,6 +46,7 @@ def test_prepare_records_the_rules_and_the_classifier_stages_read_them(workspace
     resolved = apply(p, prepared)
     assert resolved.classifier.max_len == prepared["rules"]["classifier.max_len"]["value"] != p.classifier.max_len
     assert resolved.classifier.min_steps_per_phase == 50
+    assert resolved.classifier.min_steps_last_phase == prepared["rules"]["classifier.min_steps_last_phase"]["value"] > 0
     assert apply(p, {"classes": ["a"]}) == p  # data.rules off: nothing changes
 
 

@@ -126,6 +126,10 @@ def test_gradual_unfreezing_phases_and_minimum_steps():
         Phase(-1, 1), Phase(-2, 1), Phase(-3, 1), Phase(0, 2)]
     # 3 steps an epoch (about 100 labels at bs 32): every phase stretched to >= 20 steps
     assert [p.epochs for p in unfreezing_phases(5, [1, 1, 1, 2], 3, min_steps_per_phase=20)] == [7, 7, 7, 7]
+    # the last-phase floor lengthens only the phase that trains every layer, and never shortens it
+    assert [p.epochs for p in unfreezing_phases(5, [1, 1, 1, 2], 45, min_steps_last_phase=300)] == [1, 1, 1, 7]
+    assert [p.epochs for p in unfreezing_phases(5, [1, 1, 1, 2], 200, min_steps_last_phase=300)] == [1, 1, 1, 2]
+    assert [p.epochs for p in unfreezing_phases(5, [1, 1, 1, 2], 10, 50, min_steps_last_phase=120)] == [5, 5, 5, 12]
 
 
 def test_unfreeze_lr_mult_scales_each_phase_schedule():

@@ -115,6 +115,7 @@ class ClassifierParams(TrainParams):
     unfreeze_lr_mult: list[float] | None = None  # phase k's peak lr is lr * unfreeze_lr_mult[k]; None: lr in every
     # phase. fastai's tutorial lowers it as more layers thaw (2e-2, 1e-2, 5e-3, 1e-3 = 2, 1, 0.5, 0.1 of 1e-2)
     min_steps_per_phase: int = 0  # lengthen a phase to at least this many steps (tiny data sets)
+    min_steps_last_phase: int = 0  # lengthen the last phase (every layer trains) to at least this many steps
     self_train_rounds: int = 0  # label budgets: rounds of retraining on pseudo-labelled unlabelled training texts
     pseudo_label_frac: float = 0.5  # share of the unlabelled texts pseudo-labelled per round, most confident first
     self_train_teacher: str = "classifier"  # who labels round 1: "classifier" (round 0's fine-tuned ensemble) or
@@ -147,6 +148,7 @@ class ClassifierParams(TrainParams):
             _require(all(m > 0 for m in self.unfreeze_lr_mult), "unfreeze_lr_mult",
                      f"must be positive, got {self.unfreeze_lr_mult!r}")
         _at_least(self.min_steps_per_phase, "min_steps_per_phase", 0)
+        _at_least(self.min_steps_last_phase, "min_steps_last_phase", 0)
         _at_least(self.min_steps_per_epoch, "min_steps_per_epoch", 1)
         _at_least(self.min_bs, "min_bs", 1)
 

@@ -66,6 +66,7 @@ class ClassifierHP(TrainHP, Protocol):
 
     unfreeze_epochs: list[int]  # gradual unfreezing: epochs of phase k, which trains the last k groups
     min_steps_per_phase: int
+    min_steps_last_phase: int
     unfreeze_lr_mult: list[float] | None
     class_weights: bool
 

@@ -79,10 +79,12 @@ def _clas_validate(loader: ClassificationLoader, precision: str) -> Callable[[nn
 
 
 def unfreezing_phases(n_groups: int, unfreeze_epochs: list[int], steps_per_epoch: int,
-                      min_steps_per_phase: int = 0, lr_mults: list[float] | None = None) -> list[Phase]:
+                      min_steps_per_phase: int = 0, lr_mults: list[float] | None = None,
+                      min_steps_last_phase: int = 0) -> list[Phase]:
     """Gradual unfreezing: phase k trains the last k+1 groups; the final phase trains all of them.
 
-    A phase shorter than `min_steps_per_phase` optimizer steps gets more epochs (few-label data).
+    A phase shorter than `min_steps_per_phase` optimizer steps gets more epochs (few-label data), and the last
+    phase at least `min_steps_last_phase` (a few thousand rows: two epochs leave the whole network undertrained).
     Phase k's peak lr is scaled by `lr_mults[k]` (default 1).
     """
     phases = []
@@ -90,8 +92,9 @@ def unfreezing_phases(n_groups: int, unfreeze_epochs: list[int], steps_per_epoch
     for k, epochs in enumerate(unfreeze_epochs):
         last = k == len(unfreeze_epochs) - 1
         n = 0 if last or k + 1 >= n_groups else -(k + 1)
-        if min_steps_per_phase:
-            epochs = max(epochs, math.ceil(min_steps_per_phase / max(steps_per_epoch, 1)))
+        floor = max(min_steps_per_phase, min_steps_last_phase if last else 0)
+        if floor:
+            epochs = max(epochs, math.ceil(floor / max(steps_per_epoch, 1)))
         phases.append(Phase(n, epochs, lr_mults[k]))
     return phases
 
@@ -127,7 +130,7 @@ def recalibrate_batchnorm(model: TextClassifier, loader: ClassificationLoader, p
 
 def _classifier_phases(model: TextClassifier, steps_per_epoch: int, hp: ClassifierHP) -> list[Phase]:
     return unfreezing_phases(len(layer_groups(model)), list(hp.unfreeze_epochs), steps_per_epoch,
-                             hp.min_steps_per_phase, hp.unfreeze_lr_mult)
+                             hp.min_steps_per_phase, hp.unfreeze_lr_mult, hp.min_steps_last_phase)
 
 
 def train_classifier(model: TextClassifier, train: ClassificationLoader, valid: ClassificationLoader | None,
