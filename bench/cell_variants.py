@@ -5,8 +5,8 @@ classifiers in OUT/work/DATASET/variants/NAME-BUDGET-sSEED, so the benchmark's o
 untouched. A variant is NAME=OVERRIDE[;OVERRIDE...] (`-S` syntax), applied after the suite's and the cell's
 overrides; `NAME=` alone is the suite as it is. A finished variant is read back, not retrained.
 
-    python bench/cell_variants.py SUITE OUT DATASET --budget all --seeds 0 1 2 \
-        base= last6='classifier.unfreeze_epochs=[1,1,1,6]' [--json rows.jsonl]
+    python bench/cell_variants.py SUITE OUT DATASET base= last6='classifier.unfreeze_epochs=[1,1,1,6]' \
+        --budget all --seeds 0 1 2 [--json rows.jsonl]      (variants before the options)
 """
 
 from __future__ import annotations
@@ -18,10 +18,6 @@ from pathlib import Path
 
 from flows.cells import run_cell
 from transfer.benchmark import cell_overrides, load_suite
-
-
-def read_json(path: Path) -> dict:
-    return json.loads(path.read_text())
 
 
 def variant(spec: str) -> tuple[str, list[str]]:
@@ -49,10 +45,10 @@ def main() -> None:
             p = suite.params_for(dataset, [*cell_overrides(args.budget, seed), *extra])
             ws = dataset_ws / "variants" / f"{name}-{args.budget}-s{seed}"
             t0 = time.perf_counter()
-            run_cell(p, ws, dataset_ws)
-            clas = read_json(ws / "metrics" / "train_classifier.json")
-            test = read_json(ws / "metrics" / "evaluate.json")
-            resolved = read_json(ws / "metrics" / "prepare.json").get("rules", {})
+            result = run_cell(p, ws, dataset_ws)
+            clas = json.loads((ws / "metrics" / "train_classifier.json").read_text())
+            test = {v: m["accuracy"] for v, m in result.evaluation["variants"].items()}
+            resolved = result.prep.get("rules", {})
             row = dict(dataset=dataset.name, budget=args.budget, seed=seed, variant=name, overrides=extra,
                        valid_accuracy=clas["ensemble"]["valid_accuracy"],
                        self_training=clas.get("self_training", {}), test_accuracy=test,

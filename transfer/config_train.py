@@ -150,7 +150,6 @@ class ClassifierParams(TrainParams):
         _at_least(self.min_steps_per_phase, "min_steps_per_phase", 0)
         _at_least(self.min_steps_last_phase, "min_steps_last_phase", 0)
         _at_least(self.min_steps_per_epoch, "min_steps_per_epoch", 1)
-        _at_least(self.min_bs, "min_bs", 1)
 
     @property
     def epochs(self) -> int:

@@ -7,7 +7,8 @@ stage's MLflow run), and the classifier stages read them back with `apply`. No r
 Evidence so far (docs/results/README.md): the batch-size and minimum-steps rules were chosen on AG News validation
 rows (100 to 5,472 labels); `max_len` was checked on BBC News validation rows (280-980 tokens within 3 rows of
 201) and the validation share on the dev sets' (how much a choice on n rows gives up); the last phase's floor on
-TweetEval emotion and irony validation rows (all labels, 3 seeds); the class-balance rule follows the data's own statistics and waits for the dev suite's validation rows to be confirmed.
+TweetEval emotion and irony validation rows (all labels, 3 seeds); the class-balance rule follows the data's own
+statistics and waits for the dev suite's validation rows to be confirmed.
 """
 
 from __future__ import annotations
